@@ -1,0 +1,249 @@
+"""export_bundle: sources -> ONNX graphs (+ quantized draft) -> a self-describing bundle.
+
+The bundle is assembled in a hidden temporary directory beside ``out`` and
+renamed into place only when complete, so an interrupted export never leaves a
+directory that loads.
+"""
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import os
+from pathlib import Path
+import shutil
+import sys
+import time
+from typing import Callable
+
+from ortspec.bundle import (MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
+from ortspec.errors import ExportError, IncompatibleModelsError
+
+from .graph import DATA_SUFFIX, export_model, graph_facts
+from .load import Source, describe, load_source, special_ids, tokenizer_difference
+from .quantize import METHODS, quantize
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(f"[ortspec export] {msg}", file=sys.stderr, flush=True)
+
+
+def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
+                  draft_quant: str | None = None, target_quant: str | None = None,
+                  overwrite: bool = False, trust_remote_code: bool = False,
+                  progress: Progress | None = _stderr) -> Path:
+    """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
+
+    Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
+    Returns the bundle path. Raises ExportError / IncompatibleModelsError.
+    """
+    say = progress or (lambda _m: None)
+    _check_args(target, draft, draft_quant, target_quant)
+    out = Path(out).expanduser()
+    _check_out(out, overwrite)
+    describe(target)
+    if draft not in (None, "self"):
+        describe(draft)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    started = time.perf_counter()
+    try:
+        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, say)
+        write_manifest(tmp, manifest)
+        load_bundle(tmp, verify="size")  # what we wrote must load
+        _publish(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise ExportError(f"out of disk space while writing {out}; free space on "
+                              f"{out.parent.resolve()} (a bundle needs about 3x the model's fp32 size) "
+                              "and retry") from None
+        raise ExportError(f"cannot write {out}: {exc}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"bundle ready at {out} ({time.perf_counter() - started:.0f} s)")
+    return out
+
+
+def _check_args(target, draft, draft_quant, target_quant) -> None:
+    if not isinstance(target, str) or not target:
+        raise ValueError("target must be a hub id, a model directory or a .gguf path")
+    if draft is not None and (not isinstance(draft, str) or not draft):
+        raise ValueError("draft must be None, 'self', a hub id, a model directory or a .gguf path")
+    for name, q in (("draft_quant", draft_quant), ("target_quant", target_quant)):
+        if q is not None and q not in METHODS:
+            raise ValueError(f"{name} must be one of {', '.join(METHODS)} or None, got {q!r}")
+    if draft == "self" and draft_quant is None:
+        raise ValueError("draft='self' makes the draft a quantized copy of the target: pass draft_quant='int4' or 'int8'")
+    if draft is None and draft_quant is not None:
+        raise ValueError("draft_quant needs a draft: pass draft='self' or a draft model")
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"output {out} exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()):
+        if not is_bundle(out):
+            raise ExportError(f"output directory {out} is not empty and is not a bundle; choose an empty or new "
+                              "directory (ortspec never deletes files it did not write)")
+        if not overwrite:
+            raise ExportError(f"{out} already holds a bundle; pass --overwrite (overwrite=True) to replace it")
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Delete work directories left by exports to ``out`` that were killed."""
+    for stale in out.parent.glob(f".{out.name}.partial-*"):
+        try:
+            pid = int(stale.name.rsplit("-", 1)[1])
+            os.kill(pid, 0)
+            if pid != os.getpid():
+                continue  # another export to the same path is running
+        except (ValueError, ProcessLookupError):
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the finished bundle into place; an old bundle is replaced only now."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
+           trust_remote_code: bool, say: Progress) -> dict:
+    say(f"loading target {target}")
+    src = load_source(target, trust_remote_code)
+    _check_disk(tmp, src.model, 2 + (draft is not None))
+    say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to ONNX")
+    target_info = _model_facts(src)
+    fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target")
+    tok_info = _save_tokenizer(src, tmp) if src.tokenizer is not None else None
+    if tok_info is None:
+        say("the target ships no tokenizer: the bundle will take token ids only")
+    if src.generation_config is not None:
+        src.generation_config.save_pretrained(str(tmp))
+    del src.model
+    gc.collect()
+    models = {}
+    if draft is not None:
+        say("preparing draft")
+        draft_dir = tmp / "draft"
+        if draft == "self":
+            draft_info = dict(target_info, source={"kind": "self", "ref": "target", "of": target_info["source"]})
+            draft_graph, d_tok = fp32, None
+        else:
+            dsrc = load_source(draft, trust_remote_code)
+            problem = tokenizer_difference(src.tokenizer, dsrc.tokenizer)
+            if problem:
+                raise IncompatibleModelsError(f"draft {draft} and target {target} do not share a tokenizer: "
+                                              f"{problem}; pick a draft from the same model family")
+            draft_info = _model_facts(dsrc)
+            say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to ONNX")
+            draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir)
+            d_tok = None
+            if dsrc.tokenizer is not None:
+                dsrc.tokenizer.backend_tokenizer.save(str(tmp / "draft-tokenizer.json"))
+                d_tok = "draft/tokenizer.json"
+            del dsrc
+            gc.collect()
+        quant = None
+        if draft_quant:
+            say(f"quantizing draft to {draft_quant}")
+            quant = quantize(draft_graph, draft_dir, draft_quant)
+        if d_tok:
+            os.replace(tmp / "draft-tokenizer.json", draft_dir / "tokenizer.json")
+        models["draft"] = _spec(tmp, draft_dir / "model.onnx", draft_info, quant, d_tok)
+        shutil.rmtree(tmp / "draft-fp32", ignore_errors=True)
+    t_quant = None
+    if target_quant:
+        say(f"quantizing target to {target_quant}")
+        t_quant = quantize(fp32, tmp / "target", target_quant)
+        shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
+    models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None)
+    return {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "models": {"target": models["target"], **({"draft": models["draft"]} if "draft" in models else {})},
+            "tokenizer": tok_info, "export_versions": _versions()}
+
+
+def _save_tokenizer(src: Source, tmp: Path) -> dict:
+    src.tokenizer.save_pretrained(str(tmp))
+    config_path = tmp / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    jinja = tmp / "chat_template.jinja"
+    if jinja.is_file():  # newer transformers keep the template beside the config
+        config["chat_template"] = jinja.read_text()
+        jinja.unlink()
+    template = config.get("chat_template") or getattr(src.tokenizer, "chat_template", None)
+    if template and not config.get("chat_template"):
+        config["chat_template"] = template
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    for extra in tmp.glob("*"):
+        if extra.is_file() and extra.name not in TOKENIZER_FILES:
+            extra.unlink()  # vocab.json/merges.txt duplicates of tokenizer.json
+    ids = special_ids(src.tokenizer, src.generation_config)
+    return {"file": "tokenizer.json", "vocab_size": len(src.tokenizer), **ids,
+            "chat_template": bool(config.get("chat_template"))}
+
+
+def _model_facts(src: Source) -> dict:
+    cfg = src.model.config
+    max_pos = (getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+               or getattr(cfg, "n_ctx", None) or 2048)
+    return {"architecture": (cfg.architectures or [type(src.model).__name__])[0],
+            "max_positions": int(max_pos), "source": src.info,
+            "special_ids": special_ids(src.tokenizer, src.generation_config)}
+
+
+def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: str | None) -> dict:
+    facts = graph_facts(graph)
+    files = [graph, graph.with_name(graph.name + DATA_SUFFIX)]
+    files = [f for f in files if f.is_file()]
+    spec = ModelSpec(
+        path=graph.relative_to(root).as_posix(),
+        data=files[1].relative_to(root).as_posix() if len(files) > 1 else None,
+        architecture=info["architecture"], num_layers=facts["num_layers"],
+        num_kv_heads=facts["num_kv_heads"], head_dim=facts["head_dim"], vocab_size=facts["vocab_size"],
+        max_positions=info["max_positions"], dtype=facts["dtype"], input_ids=facts["input_ids"],
+        attention_mask=facts["attention_mask"], position_ids=facts["position_ids"], logits=facts["logits"],
+        kv_inputs=tuple(map(tuple, facts["kv_inputs"])), kv_outputs=tuple(map(tuple, facts["kv_outputs"])),
+        quantization=quant, source=info["source"],
+        sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
+        special_ids=info["special_ids"], tokenizer=tokenizer)
+    return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
+
+
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _check_disk(where: Path, model, copies: int) -> None:
+    need = _params(model) * 4 * copies
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise ExportError(f"not enough disk space in {where.parent}: about {need / 1e9:.1f} GB needed, "
+                          f"{free / 1e9:.1f} GB free; free space or choose another --out")
+
+
+def _versions() -> dict:
+    out = {}
+    for name in ("torch", "transformers", "optimum", "onnx", "onnxruntime"):
+        try:
+            from importlib.metadata import version
+            out[name] = version(name if name != "optimum" else "optimum-onnx")
+        except Exception:
+            out[name] = None
+    return out

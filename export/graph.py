@@ -1,0 +1,150 @@
+"""ONNX graphs: optimum export with past KV, one external-data file, graph facts."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import re
+import shutil
+import tempfile
+import warnings
+
+from ortspec.errors import ExportError
+
+DATA_SUFFIX = ".data"
+_KV_IN = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_KV_OUT = re.compile(r"^present\.(\d+)\.(key|value)$")
+
+
+def export_model(model, out_dir: Path) -> Path:
+    """optimum ``text-generation-with-past`` export, then consolidation into out_dir/model.onnx(.data)."""
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".optimum-") as raw:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # tracer chatter about Python control flow
+                onnx_export_from_model(model, raw, task="text-generation-with-past", do_validation=False,
+                                       no_post_process=True)
+        except Exception as exc:
+            raise ExportError(f"optimum could not export {type(model).__name__}: {exc}") from None
+        src = Path(raw) / "model.onnx"
+        if not src.is_file():
+            raise ExportError(f"optimum produced no model.onnx for {type(model).__name__}")
+        return consolidate(src, out_dir / "model.onnx")
+
+
+def consolidate(src: Path, dst: Path, fold_transposes: bool = False) -> Path:
+    """Rewrite ``src`` as ``dst`` + one ``dst.data`` file, streaming tensors one at a time.
+
+    With ``fold_transposes``, Transpose nodes applied to initializers (the tied
+    lm_head in optimum graphs) become initializers, so quantizers see them.
+    """
+    import onnx
+    from onnx import external_data_helper as ext, numpy_helper
+
+    model = onnx.load(str(src), load_external_data=False)
+    data_path = dst.with_name(dst.name + DATA_SUFFIX)
+    tmp_dst = dst.with_name(dst.name + ".tmp")
+    offset = 0
+    with open(data_path, "wb") as out:
+        def put(tensor) -> None:
+            nonlocal offset
+            if ext.uses_external_data(tensor):
+                info = ext.ExternalDataInfo(tensor)
+                with open(src.parent / info.location, "rb") as f:
+                    f.seek(info.offset or 0)
+                    blob = f.read(info.length) if info.length else f.read()
+            elif tensor.ByteSize() < 1024:
+                return  # small constants stay inline
+            else:
+                blob = numpy_helper.to_array(tensor).tobytes()
+            pad = (-offset) % 64
+            out.write(b"\0" * pad)
+            offset += pad
+            out.write(blob)
+            del tensor.external_data[:]
+            tensor.ClearField("raw_data")
+            for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+                tensor.ClearField(f)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for k, v in (("location", data_path.name), ("offset", str(offset)), ("length", str(len(blob)))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = k, v
+            offset += len(blob)
+
+        if fold_transposes:
+            _fold_initializer_transposes(model, src.parent)
+        for tensor in model.graph.initializer:
+            put(tensor)
+    onnx.save(model, str(tmp_dst))
+    os.replace(tmp_dst, dst)
+    return dst
+
+
+def _fold_initializer_transposes(model, base: Path) -> None:
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Transpose" and node.input[0] in inits:
+            arr = numpy_helper.to_array(inits[node.input[0]], base_dir=str(base))
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            folded = numpy_helper.from_array(np.ascontiguousarray(np.transpose(arr, perm)), node.output[0])
+            model.graph.initializer.append(folded)
+            continue
+        keep.append(node)
+    if len(keep) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+
+
+def graph_facts(path: Path) -> dict:
+    """Input/output names and static sizes of an exported graph, for the manifest."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ins = {i.name: i for i in model.graph.input}
+    outs = {o.name: o for o in model.graph.output}
+
+    def dims(vi):
+        return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+
+    kv_in = _pairs(ins, _KV_IN)
+    kv_out = _pairs(outs, _KV_OUT)
+    if not kv_in or len(kv_in) != len(kv_out):
+        raise ExportError(f"{path} has no past-key-value inputs/outputs; the export did not use a cache")
+    shape = dims(ins[kv_in[0][0]])
+    if "logits" not in outs or "input_ids" not in ins or "attention_mask" not in ins:
+        raise ExportError(f"{path} lacks input_ids/attention_mask/logits")
+    elem = ins[kv_in[0][0]].type.tensor_type.elem_type
+    return {
+        "input_ids": "input_ids", "attention_mask": "attention_mask",
+        "position_ids": "position_ids" if "position_ids" in ins else None,
+        "logits": "logits", "kv_inputs": kv_in, "kv_outputs": kv_out,
+        "num_layers": len(kv_in), "num_kv_heads": int(shape[1]), "head_dim": int(shape[3]),
+        "vocab_size": int(dims(outs["logits"])[-1]),
+        "dtype": {1: "float32", 10: "float16"}.get(elem, str(elem)),
+        "inputs": {n: dims(v) for n, v in ins.items()},
+        "outputs": {n: dims(v) for n, v in outs.items()},
+    }
+
+
+def _pairs(values: dict, pattern) -> list[list[str]]:
+    layers: dict[int, dict[str, str]] = {}
+    for name in values:
+        m = pattern.match(name)
+        if m:
+            layers.setdefault(int(m.group(1)), {})[m.group(2)] = name
+    return [[layers[i]["key"], layers[i]["value"]] for i in sorted(layers)]
+
+
+def copy_graph(src: Path, dst_dir: Path) -> Path:
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("model.onnx", "model.onnx" + DATA_SUFFIX):
+        if (src.parent / name).exists():
+            shutil.copyfile(src.parent / name, dst_dir / name)
+    return dst_dir / "model.onnx"

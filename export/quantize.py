@@ -1,0 +1,69 @@
+"""Weight quantization of an exported graph: INT8 (dynamic) or INT4 (MatMulNBits).
+
+Both quantize the token embedding and the lm_head, which optimum exports as a
+Transpose of the (tied) embedding: the transpose is folded into its own
+initializer first so that the quantizer sees a constant MatMul weight.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+import tempfile
+
+from ortspec.errors import ExportError
+
+from .graph import consolidate
+
+METHODS = ("int8", "int4")
+INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
+
+
+def quantize(src: Path, dst_dir: Path, method: str) -> dict:
+    """Quantize src (model.onnx + data) into dst_dir; returns the manifest entry."""
+    if method not in METHODS:
+        raise ExportError(f"unknown quantization {method!r}; use int8 or int4")
+    import logging
+    import onnx
+
+    for name in ("onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst_dir.parent, prefix=".quant-") as work:
+        work = Path(work)
+        unfolded = consolidate(src, work / "unfolded.onnx", fold_transposes=True)
+        out = work / "quant.onnx"
+        try:
+            if method == "int8":
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+                quantize_dynamic(str(unfolded), str(out), op_types_to_quantize=["MatMul", "Gather"],
+                                 weight_type=QuantType.QInt8, per_channel=False,
+                                 use_external_data_format=True)
+                entry = {"method": "int8", "op": "DynamicQuantizeMatMul/MatMulInteger", "weight_type": "int8",
+                         "ops": ["MatMul", "Gather"]}
+            else:
+                from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+                model = onnx.load(str(unfolded))
+                q = MatMulNBitsQuantizer(model, bits=4, block_size=INT4["block_size"],
+                                         is_symmetric=INT4["symmetric"], accuracy_level=INT4["accuracy_level"],
+                                         op_types_to_quantize=("MatMul", "Gather"),
+                                         quant_axes=(("MatMul", 0), ("Gather", 1)))
+                q.process()
+                q.model.save_model_to_file(str(out), use_external_data_format=True)
+                entry = {"method": "int4", "op": "MatMulNBits", "bits": 4, **INT4, "ops": ["MatMul", "Gather"]}
+        except ExportError:
+            raise
+        except Exception as exc:
+            raise ExportError(f"{method} quantization of {src} failed: {exc}") from None
+        consolidate(out, dst_dir / "model.onnx")
+        entry["quantized_nodes"] = _count_quantized(dst_dir / "model.onnx")
+    return entry
+
+
+def _count_quantized(path: Path) -> dict:
+    import onnx
+    model = onnx.load(str(path), load_external_data=False)
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in ("MatMulNBits", "GatherBlockQuantized", "MatMulInteger",
+                            "DynamicQuantizeMatMul", "DequantizeLinear"):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts

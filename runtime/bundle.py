@@ -1,0 +1,259 @@
+"""The bundle format: a directory with `ortspec.json`, ONNX graphs and tokenizer files.
+
+The runtime reads every name and shape from the manifest; nothing is guessed
+from file or tensor names. Export writes manifests through `ModelSpec.to_dict`
+and `write_manifest` so that both sides share one schema.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, asdict
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import BundleError, IncompatibleModelsError
+
+MANIFEST = "ortspec.json"
+FORMAT = "ortspec-bundle"
+FORMAT_VERSION = 1
+QUANT_METHODS = (None, "int8", "int4")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the runtime needs to drive one exported graph."""
+
+    path: str                       # relative to the bundle: "target/model.onnx"
+    data: str | None                # its single external-data file, or None
+    architecture: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int                 # logits width
+    max_positions: int
+    dtype: str                      # "float32" | "float16"
+    input_ids: str
+    attention_mask: str
+    position_ids: str | None
+    logits: str
+    kv_inputs: tuple[tuple[str, str], ...]
+    kv_outputs: tuple[tuple[str, str], ...]
+    quantization: dict | None
+    source: dict
+    sha256: dict                    # file name -> hex digest
+    size_bytes: dict
+    special_ids: dict               # eos_token_ids, bos_token_id, pad_token_id
+    tokenizer: str | None = None    # this model's own tokenizer.json when it differs in source
+
+    @classmethod
+    def from_dict(cls, d: dict, role: str) -> "ModelSpec":
+        try:
+            spec = cls(
+                path=str(d["path"]), data=d.get("data"), architecture=str(d["architecture"]),
+                num_layers=int(d["num_layers"]), num_kv_heads=int(d["num_kv_heads"]),
+                head_dim=int(d["head_dim"]), vocab_size=int(d["vocab_size"]),
+                max_positions=int(d["max_positions"]), dtype=str(d["dtype"]),
+                input_ids=str(d["input_ids"]), attention_mask=str(d["attention_mask"]),
+                position_ids=d.get("position_ids"), logits=str(d["logits"]),
+                kv_inputs=tuple((str(k), str(v)) for k, v in d["kv_inputs"]),
+                kv_outputs=tuple((str(k), str(v)) for k, v in d["kv_outputs"]),
+                quantization=d.get("quantization"), source=dict(d.get("source") or {}),
+                sha256=dict(d["sha256"]), size_bytes=dict(d.get("size_bytes") or {}),
+                special_ids=dict(d.get("special_ids") or {}), tokenizer=d.get("tokenizer"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"manifest entry models.{role} is malformed ({exc!r}); "
+                              "re-export the bundle with `ortspec export`") from None
+        if spec.num_layers < 1 or len(spec.kv_inputs) != spec.num_layers or len(spec.kv_outputs) != spec.num_layers:
+            raise BundleError(f"models.{role}: num_layers={spec.num_layers} but {len(spec.kv_inputs)} KV input "
+                              f"pairs and {len(spec.kv_outputs)} output pairs; re-export the bundle")
+        if min(spec.num_kv_heads, spec.head_dim, spec.vocab_size, spec.max_positions) < 1:
+            raise BundleError(f"models.{role}: sizes must be positive; re-export the bundle")
+        if spec.dtype not in ("float32", "float16"):
+            raise BundleError(f"models.{role}: unsupported dtype {spec.dtype!r} (float32 or float16)")
+        return spec
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kv_inputs"] = [list(p) for p in self.kv_inputs]
+        d["kv_outputs"] = [list(p) for p in self.kv_outputs]
+        return d
+
+    @property
+    def files(self) -> list[str]:
+        return [f for f in (self.path, self.data) if f]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A loaded, validated bundle directory."""
+
+    root: Path
+    manifest: dict
+    target: ModelSpec
+    draft: ModelSpec | None
+    tokenizer_file: Path | None
+    tokenizer_config: dict = field(default_factory=dict)
+    generation_config: dict = field(default_factory=dict)
+
+    def file(self, rel: str) -> Path:
+        return safe_path(self.root, rel)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.target.special_ids.get("eos_token_ids") or []
+        return [int(i) for i in ids]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            if not block:
+                return h.hexdigest()
+            h.update(block)
+
+
+def safe_path(root: Path, rel: str) -> Path:
+    """Resolve a manifest path, refusing anything that leaves the bundle."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or "\\" in rel:
+        raise BundleError(f"manifest path {rel!r} must be a relative path inside the bundle")
+    if any(part == ".." for part in Path(rel).parts):
+        raise BundleError(f"manifest path {rel!r} escapes the bundle directory ('..' is not allowed)")
+    full = (root / rel).resolve()
+    base = root.resolve()
+    if base != full and base not in full.parents:
+        raise BundleError(f"manifest path {rel!r} resolves outside the bundle (symlink to {full}); "
+                          "bundles must be self-contained")
+    return full
+
+
+def write_manifest(root: Path, manifest: dict) -> None:
+    manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION)
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+
+
+def is_bundle(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file()
+
+
+def load_bundle(root: str | os.PathLike, verify: str = "full") -> Bundle:
+    """Read and validate a bundle. verify: "full" (sha256), "size" or "none"."""
+    if verify not in ("full", "size", "none"):
+        raise ValueError(f"verify must be 'full', 'size' or 'none', got {verify!r}")
+    root = Path(root)
+    if not root.is_dir():
+        raise BundleError(f"bundle directory {str(root)!r} does not exist; create one with `ortspec export`")
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise BundleError(f"{str(root)!r} is not an ortspec bundle (no {MANIFEST}); "
+                          "create one with `ortspec export --out DIR`")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{mpath} is not valid JSON ({exc}); re-export the bundle") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{mpath} is not an ortspec manifest (format field missing); re-export the bundle")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise BundleError(f"bundle format version {version!r} is not supported by this ortspec "
+                          f"(supports {FORMAT_VERSION}); re-export it or upgrade ortspec")
+    models = manifest.get("models")
+    if not isinstance(models, dict) or "target" not in models:
+        raise BundleError(f"{mpath} has no models.target entry; re-export the bundle")
+    target = ModelSpec.from_dict(models["target"], "target")
+    draft = ModelSpec.from_dict(models["draft"], "draft") if models.get("draft") else None
+    for role, spec in (("target", target), ("draft", draft)):
+        if spec is not None:
+            _check_files(root, role, spec, verify)
+    tok = manifest.get("tokenizer") or None
+    tokenizer_file = None
+    tok_config: dict = {}
+    gen_config: dict = {}
+    if tok:
+        tokenizer_file = safe_path(root, tok.get("file", "tokenizer.json"))
+        if not tokenizer_file.is_file():
+            raise BundleError(f"tokenizer file {tokenizer_file.name} is missing from {root}; re-export the bundle")
+        tok_config = _read_json(root, "tokenizer_config.json")
+    gen_config = _read_json(root, "generation_config.json")
+    bundle = Bundle(root, manifest, target, draft, tokenizer_file, tok_config, gen_config)
+    if draft is not None:
+        check_compatible(bundle)
+    return bundle
+
+
+def _read_json(root: Path, name: str) -> dict:
+    path = root / name
+    if not path.is_file():
+        return {}
+    safe_path(root, name)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{path} is not valid JSON ({exc}); re-export the bundle") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _check_files(root: Path, role: str, spec: ModelSpec, verify: str) -> None:
+    for rel in spec.files:
+        path = safe_path(root, rel)
+        name = Path(rel).name
+        if not path.is_file():
+            raise BundleError(f"{role} file {rel} is missing; re-export the bundle")
+        if name not in spec.sha256:
+            raise BundleError(f"manifest has no sha256 for {role} file {rel}; re-export the bundle")
+        if verify == "none":
+            continue
+        expected = spec.size_bytes.get(name)
+        actual = path.stat().st_size
+        if expected is not None and int(expected) != actual:
+            raise BundleError(f"{role} file {rel} is {actual} bytes but the manifest says {expected} "
+                              "(truncated or replaced); re-export the bundle")
+        if verify == "full" and sha256_file(path) != spec.sha256[name]:
+            raise BundleError(f"{role} file {rel} does not match its sha256 in the manifest "
+                              "(corrupted or modified); re-export the bundle")
+
+
+def vocab_difference(vocab_a: dict[str, int], vocab_b: dict[str, int]) -> str | None:
+    """Describe the first id at which two token->id maps differ, or None."""
+    inv_a = {i: t for t, i in vocab_a.items()}
+    inv_b = {i: t for t, i in vocab_b.items()}
+    shared = min(len(inv_a), len(inv_b))
+    for i in range(max(len(inv_a), len(inv_b))):
+        a, b = inv_a.get(i), inv_b.get(i)
+        if a != b:
+            if i >= shared and (a is None or b is None):
+                continue  # one vocabulary is only longer: padded/extra ids are allowed
+            return f"token id {i} is {a!r} in the target and {b!r} in the draft"
+    return None
+
+
+def special_difference(target: dict, draft: dict) -> str | None:
+    for key in ("eos_token_ids", "bos_token_id", "pad_token_id"):
+        a, b = target.get(key), draft.get(key)
+        if a is not None and b is not None and a != b:
+            return f"{key} is {a} in the target and {b} in the draft"
+    return None
+
+
+def check_compatible(bundle: Bundle) -> None:
+    """Refuse a draft whose tokenizer differs from the target's."""
+    draft = bundle.draft
+    assert draft is not None
+    problem = special_difference(bundle.target.special_ids, draft.special_ids)
+    if problem is None and draft.tokenizer and bundle.tokenizer_file is not None:
+        problem = vocab_difference(_vocab(bundle.tokenizer_file), _vocab(bundle.file(draft.tokenizer)))
+    if problem:
+        raise IncompatibleModelsError(f"draft and target do not share a tokenizer: {problem}; "
+                                      "pick a draft from the same model family")
+
+
+def _vocab(path: Path) -> dict[str, int]:
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    except Exception as exc:  # tokenizers raises plain Exception subclasses
+        raise BundleError(f"cannot read tokenizer {path}: {exc}; re-export the bundle") from None

@@ -1,0 +1,63 @@
+"""Frozen, validated configuration objects for sampling and speculation."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import math
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen, with Hugging Face `generate` semantics.
+
+    Greedy (``do_sample=False``) takes the argmax after repetition penalty and
+    banned words; sampling applies temperature, top-k and top-p as well.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.do_sample, bool):
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        _check_number("temperature", self.temperature)
+        if self.temperature <= 0:
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature}; use do_sample=False for greedy decoding")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(
+                f"repetition_penalty must be > 0 (1.0 disables it), got {self.repetition_penalty}")
+        words = tuple(tuple(int(t) for t in w) for w in self.bad_words_ids)
+        if any(len(w) == 0 or min(w) < 0 for w in words):
+            raise ValueError("bad_words_ids must be non-empty sequences of token ids >= 0")
+        object.__setattr__(self, "bad_words_ids", words)
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How many tokens to draft per round: a fixed count or "auto"."""
+
+    num_draft_tokens: int | str = 4
+    max_draft_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        n = self.num_draft_tokens
+        if n == "auto":
+            return
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_draft_tokens:
+            raise ValueError(
+                f"num_draft_tokens must be an integer in [0, {self.max_draft_tokens}] or 'auto', got {n!r}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")

@@ -1,0 +1,397 @@
+"""SpeculativeGenerator: the decode loop, its public API and Stats bookkeeping."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import os
+import threading
+import time
+from typing import Iterator, Sequence
+import warnings
+
+import numpy as np
+
+from .bundle import Bundle, load_bundle
+from .config import SamplingConfig, SpeculationConfig
+from .controller import make_controller
+from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
+from .errors import BundleError, CacheOverflowError, OrtspecError
+from .logits import LogitsPipeline
+from .model import CausalLM
+from .text import StreamDecoder, TextCodec
+from .verify import Verdict, greedy_verify, sampled_verify
+
+DRAFTERS = ("model", "prompt_lookup", "none")
+
+
+class InvariantError(OrtspecError):
+    """A strict-mode runtime check failed: the cache or logits are inconsistent."""
+
+
+@dataclass
+class Stats:
+    """What one generation did and where its time went."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    new_tokens: int = 0
+    proposed_at: list = field(default_factory=list)   # per draft position: rounds that proposed it
+    accepted_at: list = field(default_factory=list)   # per draft position: rounds that accepted it
+    round_times_s: list = field(default_factory=list)
+    round_tokens: list = field(default_factory=list)
+    round_gammas: list = field(default_factory=list)
+    target_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    overhead_time_s: float = 0.0
+    total_time_s: float = 0.0
+    draft_disabled: bool = False
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(draft i accepted | draft i proposed), i = 1..gamma."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    def record(self, gamma: int, verdict_accepted: int, committed: int, seconds: float) -> None:
+        self.rounds += 1
+        self.drafted += gamma
+        self.accepted += verdict_accepted
+        self.new_tokens += committed
+        while len(self.proposed_at) < gamma:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(gamma):
+            self.proposed_at[i] += 1
+            if i < verdict_accepted:
+                self.accepted_at[i] += 1
+        self.round_times_s.append(seconds)
+        self.round_tokens.append(committed)
+        self.round_gammas.append(gamma)
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "new_tokens": self.new_tokens, "acceptance_rate": self.acceptance_rate,
+            "per_position_acceptance": self.per_position_acceptance,
+            "tokens_per_round": self.tokens_per_round, "tokens_per_s": self.tokens_per_s,
+            "target_time_s": self.target_time_s, "draft_time_s": self.draft_time_s,
+            "overhead_time_s": self.overhead_time_s, "total_time_s": self.total_time_s,
+            "draft_disabled": self.draft_disabled,
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    """Tokens committed together: kind is accepted | corrected | bonus | target."""
+
+    token_ids: list[int]
+    text: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Result:
+    token_ids: list[int]
+    text: str | None
+    stats: Stats
+    finish_reason: str  # "eos" | "length"
+
+    def to_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
+                "stats": self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class _Request:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingConfig
+    speculation: SpeculationConfig
+    eos: frozenset
+    seed: int | None
+    strict: bool
+
+
+class SpeculativeGenerator:
+    """Generates with a bundle's target, drafting with a model, n-grams, or nothing.
+
+    Calls on one generator are serialized by a lock: it may be shared between
+    threads, and concurrent calls run one after another.
+    """
+
+    def __init__(self, bundle: Bundle, target: CausalLM, drafter, codec: TextCodec | None,
+                 draft_disabled: bool = False):
+        self.bundle = bundle
+        self.target = target
+        self.drafter = drafter
+        self.codec = codec
+        self.draft_disabled = draft_disabled
+        widths = [bundle.target.vocab_size] + ([bundle.draft.vocab_size] if bundle.draft else [])
+        self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
+        self._lock = threading.Lock()
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str = "model",
+             threads: int | None = None, verify: str = "full") -> "SpeculativeGenerator":
+        """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none"."""
+        drafter = drafter.replace("-", "_") if isinstance(drafter, str) else drafter
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        bundle = load_bundle(bundle_dir, verify=verify)
+        if drafter == "model" and bundle.draft is None:
+            raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
+                              "'none', or export with --draft")
+        target = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads)
+        codec = TextCodec(bundle.tokenizer_file, bundle.tokenizer_config) if bundle.tokenizer_file else None
+        disabled = False
+        if drafter == "model":
+            try:
+                impl = ModelDrafter(CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads))
+            except Exception as exc:
+                warnings.warn(f"draft model failed to load ({exc}); decoding with the target alone",
+                              RuntimeWarning, stacklevel=2)
+                impl, disabled = NoDrafter(), True
+        elif drafter == "prompt_lookup":
+            impl = PromptLookupDrafter()
+        else:
+            impl = NoDrafter()
+        return cls(bundle, target, impl, codec, disabled)
+
+    def profile(self) -> dict | None:
+        """Calibrated costs and acceptance for "auto", when a profile was stored."""
+        return None
+
+    # -- public API ---------------------------------------------------------
+    def generate(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, **kwargs) -> Result:
+        """Generate and return all new tokens at once (same arguments as stream)."""
+        events = self.stream(prompt, input_ids, **kwargs)
+        ids: list[int] = []
+        for ev in events:
+            ids.extend(ev.token_ids)
+        stats, reason = events.result  # type: ignore[attr-defined]
+        text = self.codec.decode(ids) if self.codec else None
+        return Result(ids, text, stats, reason)
+
+    def stream(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, *,
+               max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
+               bad_words_ids: Sequence[Sequence[int]] = (), seed: int | None = None,
+               num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
+               strict: bool = False, chat: bool = False, system: str | None = None) -> "_Stream":
+        """Yield Events as tokens are committed. Arguments are checked before any work."""
+        sampling = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty,
+                                  tuple(tuple(w) for w in bad_words_ids))
+        speculation = SpeculationConfig(num_draft_tokens)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        ids = self._prompt_ids(prompt, input_ids, chat, system)
+        need = len(ids) + max_new_tokens - 1
+        if need > self.target.capacity:
+            raise CacheOverflowError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
+                f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
+        eos = self._eos(eos_token_id)
+        request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict))
+        return _Stream(self, request)
+
+    # -- the decode loop ------------------------------------------------------
+    def _rounds(self, req: _Request, stats: Stats, outcome: list) -> Iterator[Event]:
+        pipe = LogitsPipeline(req.sampling, self.vocab_size)
+        rng = np.random.default_rng(req.seed)
+        controller = make_controller(req.speculation, self)
+        decoder = StreamDecoder(self.codec)
+        target, sampling = self.target, req.sampling.do_sample
+        committed = list(req.prompt_ids)
+        start = len(committed)
+        # Reuse whatever cached prefix still matches (the last token is always re-fed).
+        target.rollback(min(common_prefix(target.tokens, committed), start - 1))
+        self._sync_drafter(committed)
+        while True:
+            t0 = time.perf_counter()
+            remaining = req.max_new_tokens - (len(committed) - start)
+            # 1. Choose gamma: never draft past max_new_tokens or the context.
+            gamma = min(controller.choose(), remaining - 1, target.capacity - len(committed))
+            # 2. Draft gamma tokens with their sampling distributions q.
+            draft = self._draft(committed, gamma, pipe, sampling, rng, stats)
+            # 3. One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma+1 rows.
+            rows = target.forward(committed[target.length:] + draft.tokens)[-(len(draft.tokens) + 1):]
+            # 4. Verify left to right; the next token is a correction or the bonus.
+            verdict = self._verify(pipe, rows, committed, draft, sampling, rng)
+            # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.
+            new = draft.tokens[:verdict.accepted] + [verdict.next_token]
+            new, reason = _cut(new, req.eos, remaining)
+            before = list(committed) if req.strict else None
+            committed.extend(new)
+            # 6. Roll both caches back to the committed boundary (rejected K/V are never read).
+            target.rollback(min(target.length, len(committed) - 1))
+            self._sync_drafter(committed)
+            stats.record(len(draft.tokens), verdict.accepted, len(new), time.perf_counter() - t0)
+            controller.update(len(draft.tokens), verdict.accepted)
+            if req.strict:
+                self._check(before, new, rows)
+            yield from _events(decoder, new, verdict, len(draft.tokens))
+            if reason:
+                outcome.append(reason)
+                tail = decoder.flush()
+                if tail:
+                    yield Event([], tail, "text")
+                return
+
+    def _draft(self, committed, gamma, pipe, sampling, rng, stats) -> Draft:
+        if gamma < 1:
+            return Draft.empty()
+        try:
+            draft = self.drafter.propose(committed, gamma, pipe, sampling, rng)
+            if len(draft.tokens) > gamma or any(not 0 <= t < self.vocab_size for t in draft.tokens):
+                raise ValueError(f"drafter returned invalid tokens {draft.tokens[:8]}")
+            if sampling and draft.tokens and (draft.probs is None or draft.probs.shape != (len(draft.tokens), self.vocab_size)):
+                raise ValueError("drafter returned no or misshaped draft probabilities")
+            return draft
+        except Exception as exc:  # any draft failure degrades to target-only decoding
+            self._disable_draft(exc)
+            stats.draft_disabled = True
+            return Draft.empty()
+
+    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng) -> Verdict:
+        if sampling:
+            target_probs = pipe.probs(rows, committed, draft.tokens)
+            draft_probs = draft.probs if draft.tokens else np.zeros((0, pipe.vocab_size))
+            return sampled_verify(draft.tokens, draft_probs, target_probs, rng)
+        return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
+
+    def _sync_drafter(self, committed) -> None:
+        try:
+            self.drafter.sync(committed)
+        except Exception as exc:
+            self._disable_draft(exc)
+
+    def _disable_draft(self, exc: Exception) -> None:
+        warnings.warn(f"draft model failed ({type(exc).__name__}: {exc}); continuing with the target alone",
+                      RuntimeWarning, stacklevel=4)
+        self.drafter = NoDrafter()
+        self.draft_disabled = True
+
+    def _check(self, before: list[int], new: list[int], rows: np.ndarray) -> None:
+        """strict=True: cache lengths, cached tokens, and logits vs a fresh prefill."""
+        committed = before + new
+        t = self.target
+        if t.length != len(committed) - 1 or t.tokens != committed[:-1]:
+            raise InvariantError(f"target cache holds {t.length} tokens, expected {len(committed) - 1}")
+        lm = getattr(self.drafter, "lm", None)
+        if lm is not None and (lm.length > len(committed) - 1 or lm.tokens != committed[:lm.length]):
+            raise InvariantError("draft cache holds tokens that are not on the committed path")
+        m = len(new)
+        fresh = t.reference_logits(committed[:-1])[-m:]
+        got = rows[:m]
+        if not np.allclose(got, fresh, rtol=1e-4, atol=1e-4):
+            err = float(np.max(np.abs(got - fresh)))
+            raise InvariantError(f"speculative-path logits differ from a fresh prefill by {err:.3g}")
+
+    # -- helpers --------------------------------------------------------------
+    def _prompt_ids(self, prompt, input_ids, chat, system) -> list[int]:
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of prompt (text) or input_ids (token ids)")
+        if prompt is not None:
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError("prompt must be a non-empty string")
+            if self.codec is None:
+                raise ValueError("this bundle has no tokenizer; pass input_ids instead of prompt")
+            ids = self.codec.encode(prompt, chat=chat, system=system)
+        else:
+            if chat:
+                raise ValueError("chat=True needs a text prompt, not input_ids")
+            try:
+                ids = [int(t) for t in input_ids]
+            except (TypeError, ValueError):
+                raise ValueError("input_ids must be a sequence of integers") from None
+        if not ids:
+            raise ValueError("the prompt encodes to no tokens; pass a longer prompt")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        return ids
+
+    def _eos(self, eos_token_id) -> frozenset:
+        if eos_token_id is None:
+            ids = self.bundle.eos_token_ids
+            gen = self.bundle.generation_config.get("eos_token_id")
+            if gen is not None:
+                ids = ids + ([gen] if isinstance(gen, int) else list(gen))
+            return frozenset(int(i) for i in ids)
+        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+            raise ValueError(f"eos_token_id must be an id >= 0 or a list of them, got {eos_token_id!r}")
+        return frozenset(ids)
+
+
+class _Stream:
+    """Iterator over a generation's events; holds the generator's lock while it runs."""
+
+    def __init__(self, gen: SpeculativeGenerator, req: _Request):
+        self._gen, self._req = gen, req
+        self._it = self._run()
+        self.result: tuple[Stats, str] | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Event:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
+
+    def _run(self) -> Iterator[Event]:
+        gen, req = self._gen, self._req
+        with gen._lock:
+            stats = Stats(draft_disabled=gen.draft_disabled)
+            t_lm = gen.target.run_time_s
+            d_lm = getattr(getattr(gen.drafter, "lm", None), "run_time_s", 0.0)
+            outcome: list = []
+            t0 = time.perf_counter()
+            try:
+                yield from gen._rounds(req, stats, outcome)
+            finally:
+                stats.total_time_s = time.perf_counter() - t0
+                stats.target_time_s = gen.target.run_time_s - t_lm
+                lm = getattr(gen.drafter, "lm", None)
+                stats.draft_time_s = (lm.run_time_s - d_lm) if lm is not None else 0.0
+                stats.overhead_time_s = max(0.0, stats.total_time_s - stats.target_time_s - stats.draft_time_s)
+                stats.draft_disabled = stats.draft_disabled or gen.draft_disabled
+                self.result = (stats, outcome[0] if outcome else "interrupted")
+
+
+def _cut(new: list[int], eos: frozenset, remaining: int) -> tuple[list[int], str | None]:
+    for i, tok in enumerate(new):
+        if tok in eos:
+            return new[: i + 1], "eos"
+    if len(new) >= remaining:
+        return new[:remaining], "length"
+    return new, None
+
+
+def _events(decoder: StreamDecoder, new: list[int], verdict: Verdict, gamma: int) -> Iterator[Event]:
+    accepted = new[: verdict.accepted]
+    if accepted:
+        yield Event(accepted, decoder.push(accepted), "accepted")
+    rest = new[verdict.accepted:]
+    if rest:
+        kind = "target" if gamma == 0 else ("bonus" if verdict.bonus else "corrected")
+        yield Event(rest, decoder.push(rest), kind)

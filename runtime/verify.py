@@ -1,0 +1,79 @@
+"""Verification of a drafted block: pure NumPy, no I/O, RNG passed in.
+
+Sampling (Leviathan et al. / Chen et al.): accept d_i with probability
+min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from
+normalize(max(0, p_j - q_j)); if every draft passes, sample a bonus token from
+p_{gamma+1}. The committed tokens are then distributed exactly as target-only
+sampling. Greedy: accept d_i iff it is the target's argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+# Below this mass the residual max(0, p - q) is numerical noise: p == q.
+RESIDUAL_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one round: how many drafts passed and the token that follows."""
+
+    accepted: int
+    next_token: int
+    bonus: bool  # True when every draft passed and next_token came from p_{gamma+1}
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one index from a probability vector (need not be exactly normalized)."""
+    cdf = np.cumsum(probs)
+    idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(idx, probs.shape[0] - 1)
+
+
+def residual(target_probs: np.ndarray, draft_probs: np.ndarray) -> np.ndarray:
+    """normalize(max(0, p - q)); falls back to p when p and q coincide."""
+    r = np.maximum(target_probs - draft_probs, 0.0)
+    total = r.sum()
+    if total <= RESIDUAL_EPS:
+        return target_probs
+    return r / total
+
+
+def acceptance_probability(p_token: float, q_token: float) -> float:
+    """min(1, p/q) computed in log space; a token q gives no mass is rejected."""
+    if q_token <= 0.0:
+        return 0.0
+    if p_token <= 0.0:
+        return 0.0
+    return float(min(1.0, np.exp(np.log(p_token) - np.log(q_token))))
+
+
+def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
+                   target_probs: np.ndarray, rng: np.random.Generator) -> Verdict:
+    """Verify ``gamma`` drafted tokens against ``gamma + 1`` target distributions.
+
+    draft_probs[i] is the distribution d_i was sampled from; target_probs[i] is
+    the target's distribution at the same position (conditioned on d_1..d_i-1).
+    Both have the same width; ids a model cannot produce carry probability 0.
+    """
+    gamma = len(draft_tokens)
+    if target_probs.shape[0] != gamma + 1 or draft_probs.shape[0] != gamma:
+        raise ValueError(f"need {gamma} draft rows and {gamma + 1} target rows, got "
+                         f"{draft_probs.shape[0]} and {target_probs.shape[0]}")
+    for i, tok in enumerate(draft_tokens):
+        accept = acceptance_probability(target_probs[i, tok], draft_probs[i, tok])
+        if rng.random() >= accept:
+            return Verdict(i, sample(residual(target_probs[i], draft_probs[i]), rng), False)
+    return Verdict(gamma, sample(target_probs[gamma], rng), True)
+
+
+def greedy_verify(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:
+    """Accept the longest prefix of drafts equal to the target's greedy choices."""
+    gamma = len(draft_tokens)
+    for i, tok in enumerate(draft_tokens):
+        if int(tok) != int(target_choices[i]):
+            return Verdict(i, int(target_choices[i]), False)
+    return Verdict(gamma, int(target_choices[gamma]), True)

@@ -1,0 +1,262 @@
+"""Export: ONNX graphs equal PyTorch, manifests, quantized drafts, and refusal of bad input."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ortspec.bundle import load_bundle, sha256_file
+from ortspec.errors import BundleError, ExportError, IncompatibleModelsError
+from ortspec.model import CausalLM
+
+torch = pytest.importorskip("torch")
+from ortspec.export import export_bundle  # noqa: E402
+
+REQUIRED = ["path", "data", "architecture", "num_layers", "num_kv_heads", "head_dim", "vocab_size",
+            "max_positions", "dtype", "input_ids", "attention_mask", "position_ids", "logits",
+            "kv_inputs", "kv_outputs", "quantization", "source", "sha256", "size_bytes", "special_ids"]
+
+
+@pytest.fixture(scope="module")
+def family_bundles(workdir, hf_models):
+    return {fam: export_bundle(target=str(hf_models[fam]), out=workdir / f"fam_{fam}", progress=None)
+            for fam in ("llama", "qwen2", "gpt2")}
+
+
+def torch_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_onnx_logits_equal_pytorch_for_prefill_and_decode(family, family_bundles, hf_models):
+    bundle = load_bundle(family_bundles[family])
+    lm = CausalLM(bundle.target, str(bundle.file(bundle.target.path)))
+    ids = [1, 17, 5, 99, 42, 8, 63, 120, 3, 77]
+    ref = torch_logits(hf_models[family], ids)
+    prefill = lm.prefill(ids[:6])
+    np.testing.assert_allclose(prefill, ref[:6], atol=1e-4)
+    for k in range(6, 9):  # decode steps reading the past
+        np.testing.assert_allclose(lm.forward([ids[k]])[0], ref[k], atol=1e-4)
+    np.testing.assert_allclose(lm.forward(ids[9:]), ref[9:], atol=1e-4)
+    if family != "gpt2":
+        assert bundle.target.position_ids == "position_ids"
+
+
+def test_manifest_fields_and_checksums(llama_bundle):
+    manifest = json.loads((llama_bundle / "ortspec.json").read_text())
+    assert manifest["format"] == "ortspec-bundle" and manifest["format_version"] == 1
+    for role in ("target", "draft"):
+        entry = manifest["models"][role]
+        assert not [k for k in REQUIRED if k not in entry]
+        for name, digest in entry["sha256"].items():
+            assert sha256_file(llama_bundle / role / name) == digest
+        assert set(entry["sha256"]) == {"model.onnx", "model.onnx.data"}
+        assert entry["num_layers"] == 2 and entry["num_kv_heads"] == 2 and entry["head_dim"] == 8
+        assert entry["vocab_size"] == 128
+    assert manifest["models"]["draft"]["quantization"]["method"] == "int4"
+    assert manifest["models"]["draft"]["quantization"]["block_size"] == 32
+    assert manifest["models"]["draft"]["source"]["kind"] == "self"
+    tok = manifest["tokenizer"]
+    assert tok["eos_token_ids"] == [2] and tok["bos_token_id"] == 1 and tok["chat_template"] is True
+    assert set(manifest["export_versions"]) >= {"torch", "transformers", "optimum", "onnx"}
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (llama_bundle / name).is_file()
+    assert not list(llama_bundle.parent.glob(".b_llama.partial-*"))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
+    out = export_bundle(target=str(hf_models["small_target"]), draft="self", draft_quant=method,
+                        out=workdir / f"q_{method}", progress=None)
+    bundle = load_bundle(out)
+    q = bundle.draft.quantization
+    assert q["method"] == method
+    if method == "int4":  # embedding and lm_head are quantized too
+        assert q["quantized_nodes"].get("GatherBlockQuantized") == 1
+        assert q["quantized_nodes"]["MatMulNBits"] == 2 * 7 + 1
+    else:
+        assert q["quantized_nodes"]["MatMulInteger"] == 2 * 7 + 1
+    fp = CausalLM(bundle.target, str(bundle.file(bundle.target.path)))
+    qd = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)))
+    ids = list(np.random.default_rng(0).integers(3, 16, 60))
+    agree = np.mean(fp.prefill(ids).argmax(-1) == qd.prefill(ids).argmax(-1))
+    assert agree >= 0.8, agree
+    assert bundle.draft.size_bytes["model.onnx.data"] < bundle.target.size_bytes["model.onnx.data"]
+
+
+def test_draft_from_other_model_keeps_its_tokenizer(pair_bundle):
+    bundle = load_bundle(pair_bundle)
+    assert bundle.draft.tokenizer == "draft/tokenizer.json" and bundle.draft.quantization is None
+
+
+def test_mismatched_tokenizers_are_refused_at_export(workdir, hf_models):
+    with pytest.raises(IncompatibleModelsError, match="token id 3 is 'w0' in the target and 'w1' in the draft"):
+        export_bundle(target=str(hf_models["llama"]), draft=str(hf_models["foreign"]), out=workdir / "mismatch",
+                      progress=None)
+    assert not (workdir / "mismatch").exists()
+    assert not list(workdir.glob(".mismatch.partial-*"))
+
+
+def test_mismatched_tokenizers_are_refused_at_load(workdir, pair_bundle, hf_models):
+    bad = workdir / "bad_pair"
+    shutil.copytree(pair_bundle, bad)
+    shutil.copyfile(hf_models["foreign"] / "tokenizer.json", bad / "draft" / "tokenizer.json")
+    with pytest.raises(IncompatibleModelsError, match="token id 3"):
+        load_bundle(bad)
+    manifest = json.loads((bad / "ortspec.json").read_text())
+    shutil.copyfile(pair_bundle / "draft" / "tokenizer.json", bad / "draft" / "tokenizer.json")
+    manifest["models"]["draft"]["special_ids"]["eos_token_ids"] = [5]
+    (bad / "ortspec.json").write_text(json.dumps(manifest))
+    with pytest.raises(IncompatibleModelsError, match="eos_token_ids"):
+        load_bundle(bad)
+
+
+def test_ids_only_bundle(ids_bundle):
+    bundle = load_bundle(ids_bundle)
+    assert bundle.tokenizer_file is None and bundle.manifest["tokenizer"] is None
+    assert bundle.eos_token_ids == [2]
+
+
+# -- bad input ----------------------------------------------------------------
+@pytest.mark.parametrize("target,match", [
+    ("/nonexistent/model", "does not exist"),
+    ("./missing-dir", "does not exist"),
+    ("/nonexistent/x.gguf", "GGUF file"),
+])
+def test_missing_sources(tmp_path, target, match):
+    with pytest.raises(ExportError, match=match):
+        export_bundle(target=target, out=tmp_path / "b", progress=None)
+    assert not (tmp_path / "b").exists()
+
+
+def test_directory_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hi")
+    with pytest.raises(ExportError, match="not a Hugging Face model directory"):
+        export_bundle(target=str(tmp_path / "notes"), out=tmp_path / "b", progress=None)
+
+
+def test_gguf_of_unsupported_architecture(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "rwkv.gguf"
+    w = gguf.GGUFWriter(str(path), "rwkv6")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(ExportError, match="rwkv6"):
+        export_bundle(target=str(path), out=tmp_path / "b", progress=None)
+    assert not (tmp_path / "b").exists()
+
+
+def test_existing_bundle_needs_overwrite(tmp_path, hf_models, llama_bundle):
+    out = tmp_path / "b"
+    shutil.copytree(llama_bundle, out)
+    with pytest.raises(ExportError, match="--overwrite"):
+        export_bundle(target=str(hf_models["gpt2"]), out=out, progress=None)
+    assert load_bundle(out).target.architecture == "LlamaForCausalLM"  # untouched
+    export_bundle(target=str(hf_models["gpt2"]), out=out, overwrite=True, progress=None)
+    assert load_bundle(out).target.architecture == "GPT2LMHeadModel"
+
+
+def test_non_bundle_directory_is_never_replaced(tmp_path, hf_models):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    with pytest.raises(ExportError, match="not empty"):
+        export_bundle(target=str(hf_models["gpt2"]), out=out, overwrite=True, progress=None)
+    assert (out / "thesis.tex").read_text() == "precious"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(draft="self"), "draft_quant"),
+    (dict(draft_quant="int4"), "needs a draft"),
+    (dict(draft="self", draft_quant="int3"), "draft_quant"),
+])
+def test_bad_arguments(tmp_path, hf_models, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        export_bundle(target=str(hf_models["llama"]), out=tmp_path / "b", progress=None, **kwargs)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "delete"])
+def test_damaged_graph_is_refused_at_load_and_inspect(tmp_path, llama_bundle, damage):
+    from ortspec.inspect import inspect_bundle
+    b = tmp_path / "b"
+    shutil.copytree(llama_bundle, b)
+    victim = b / "target" / "model.onnx"
+    if damage == "truncate":
+        victim.write_bytes(victim.read_bytes()[:1000])
+    elif damage == "corrupt":
+        data = bytearray(victim.read_bytes())
+        data[500] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    else:
+        victim.unlink()
+    with pytest.raises(BundleError, match="re-export"):
+        load_bundle(b)
+    if damage != "delete":
+        report = inspect_bundle(str(b))
+        assert not report["ok"] and "corrupted or truncated" in report["errors"][0]
+
+
+def test_inspect_cli_json(llama_bundle):
+    proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "inspect", str(llama_bundle), "--json"],
+                          capture_output=True, text=True, check=True)
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["compatibility"].startswith("compatible")
+    assert report["models"]["draft"]["quantization"]["method"] == "int4"
+    assert report["models"]["target"]["io"]["inputs"]["past_key_values.0.key"] == ["batch_size", 2,
+                                                                                    "past_sequence_length", 8]
+
+
+def test_cli_refuses_existing_bundle_with_one_line(tmp_path, hf_models, llama_bundle):
+    out = tmp_path / "b"
+    shutil.copytree(llama_bundle, out)
+    proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "export", "--target", str(hf_models["llama"]),
+                           "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "already holds a bundle" in proc.stderr and "Traceback" not in proc.stderr
+
+
+KILL_SCRIPT = """
+import sys
+from ortspec.export import export_bundle
+export_bundle(target=sys.argv[1], draft="self", draft_quant="int4", out=sys.argv[2], progress=None)
+"""
+
+
+def test_killed_export_leaves_nothing_loadable(tmp_path, hf_models):
+    out = tmp_path / "killed"
+    rng = np.random.default_rng(7)
+    for delay in sorted(rng.uniform(0.5, 6.0, 3)):
+        proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(hf_models["llama"]), str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if out.exists():  # finished before the kill: that bundle must be whole
+            load_bundle(out)
+            shutil.rmtree(out)
+        with pytest.raises(BundleError):
+            load_bundle(out)
+    export_bundle(target=str(hf_models["llama"]), out=out, progress=None)
+    assert load_bundle(out).draft is None
+    assert not list(tmp_path.glob(".killed.partial-*"))  # stale work directories were swept
+
+
+def test_import_ortspec_does_not_import_torch():
+    code = ("import sys, ortspec, ortspec.cli, ortspec.inspect; "
+            "bad = [m for m in ('torch', 'transformers', 'optimum', 'onnx') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

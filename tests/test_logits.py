@@ -1,0 +1,98 @@
+"""The logits pipeline matches Hugging Face transformers' processors, row by row."""
+import numpy as np
+import pytest
+
+from ortspec.config import SamplingConfig
+from ortspec.logits import LogitsPipeline, top_p_filter
+
+torch = pytest.importorskip("torch")
+from transformers.generation.logits_process import (  # noqa: E402
+    LogitsProcessorList, NoBadWordsLogitsProcessor, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+    TopKLogitsWarper, TopPLogitsWarper)
+
+V = 300
+SETTINGS = [
+    dict(do_sample=True),
+    dict(do_sample=True, temperature=0.7),
+    dict(do_sample=True, temperature=1.3, top_k=20),
+    dict(do_sample=True, top_p=0.9),
+    dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.8, repetition_penalty=1.3),
+    dict(do_sample=True, repetition_penalty=0.7, top_p=0.5),
+    dict(do_sample=True, top_p=0.999),  # nucleus larger than the partial-sort window
+    dict(do_sample=True, bad_words_ids=((5,), (7, 9)), top_k=40),
+]
+
+
+def hf_probs(cfg: SamplingConfig, logits: np.ndarray, context: list[int]) -> np.ndarray:
+    procs = LogitsProcessorList()
+    if cfg.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
+    if cfg.bad_words_ids:
+        procs.append(NoBadWordsLogitsProcessor([list(w) for w in cfg.bad_words_ids], eos_token_id=None))
+    if cfg.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(cfg.temperature))
+    if cfg.top_k:
+        procs.append(TopKLogitsWarper(cfg.top_k))
+    if cfg.top_p < 1.0:
+        procs.append(TopPLogitsWarper(cfg.top_p))
+    ids = torch.tensor([context])
+    scores = procs(ids, torch.tensor(logits[None], dtype=torch.float32))
+    return torch.softmax(scores.double(), dim=-1)[0].numpy()
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_matches_transformers(settings):
+    cfg = SamplingConfig(**settings)
+    pipe = LogitsPipeline(cfg, V)
+    rng = np.random.default_rng(0)
+    base = list(rng.integers(0, V, 40))
+    new = [7, 9, 11, 5]
+    rows = (rng.standard_normal((len(new) + 1, V)) * 3).astype(np.float32)
+    ours = pipe.probs(rows, base, new)
+    for i in range(rows.shape[0]):
+        ref = hf_probs(cfg, rows[i], base + new[:i])
+        assert np.allclose(ours[i], ref, atol=1e-5), (i, np.abs(ours[i] - ref).max())
+        assert np.array_equal(ours[i] > 0, ref > 0)
+
+
+def test_greedy_applies_penalty_and_takes_lowest_index_on_ties():
+    pipe = LogitsPipeline(SamplingConfig(repetition_penalty=2.0), 4)
+    rows = np.array([[1.0, 3.0, 3.0, 2.0]], dtype=np.float32)
+    assert pipe.greedy(rows, [0])[0] == 1          # tie between 1 and 2: lowest index
+    assert pipe.greedy(rows, [1])[0] == 2          # 1 penalized to 1.5
+    assert pipe.greedy(rows, [1, 2])[0] == 3       # both penalized
+
+
+def test_context_of_each_row_includes_earlier_drafts():
+    pipe = LogitsPipeline(SamplingConfig(repetition_penalty=10.0), 3)
+    rows = np.array([[1.0, 2.0, 0.0]] * 3, dtype=np.float32)
+    # row 0 sees [2]; row 1 sees [2, 1] (1 penalized); row 2 sees [2, 1, 0]: 1 -> 0.1, 2 -> 0.2
+    assert list(pipe.greedy(rows, [2], new=[1, 0])) == [1, 0, 1]
+
+
+def test_padded_logits_are_cut_to_the_shared_vocabulary():
+    pipe = LogitsPipeline(SamplingConfig(do_sample=True), 3)
+    probs = pipe.probs(np.array([[0.0, 0.0, 0.0, 50.0]], dtype=np.float32), [0])
+    assert probs.shape == (1, 3) and np.allclose(probs, 1 / 3)
+
+
+def test_top_p_keeps_at_least_one_and_reaches_mass():
+    p = np.array([0.05, 0.6, 0.25, 0.1])
+    assert np.allclose(top_p_filter(p, 0.5), [0, 1, 0, 0])
+    out = top_p_filter(p, 0.7)
+    assert np.allclose(out, np.array([0, 0.6, 0.25, 0]) / 0.85)
+
+
+def test_all_banned_is_an_error():
+    pipe = LogitsPipeline(SamplingConfig(bad_words_ids=((0,), (1,))), 2)
+    with pytest.raises(ValueError, match="banned"):
+        pipe.greedy(np.zeros((1, 2), dtype=np.float32), [0])
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5),
+                                 dict(top_k=-1), dict(top_k=2.5), dict(repetition_penalty=0.0),
+                                 dict(temperature=float("nan"))])
+def test_invalid_settings_name_the_argument(bad):
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        SamplingConfig(do_sample=True, **bad)

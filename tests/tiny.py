@@ -1,0 +1,53 @@
+"""Tiny random causal LMs with word-level tokenizers, saved as Hugging Face directories."""
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}w3 {% endif %}")
+
+
+def save_tokenizer(vocab: int, out: Path, shift: int = 0) -> None:
+    """Word-level tokenizer: <unk>=0, <s>=1, </s>=2, then w0, w1, ... (``shift`` renames words)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i + shift}" for i in range(vocab - 3)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+
+
+def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: int = 2,
+               tokenizer: bool = True, tokenizer_shift: int = 0, scale: float = 1.0) -> Path:
+    import torch
+    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
+
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            bos_token_id=1, eos_token_id=2, tie_word_embeddings=True))
+    elif family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            bos_token_id=1, eos_token_id=2, tie_word_embeddings=False))
+    elif family == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4,
+                                           n_positions=256, bos_token_id=1, eos_token_id=2))
+    else:
+        raise ValueError(family)
+    if scale != 1.0:  # sharper logits: the random model gets a peaked, more realistic distribution
+        with torch.no_grad():
+            head = model.get_output_embeddings()
+            head.weight.mul_(scale)
+    model.save_pretrained(str(out))
+    if tokenizer:
+        save_tokenizer(vocab, out, tokenizer_shift)
+    return out

@@ -22,7 +22,10 @@ def save_tokenizer(vocab: int, out: Path, shift: int = 0) -> None:
 
 
 def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: int = 2,
-               tokenizer: bool = True, tokenizer_shift: int = 0, scale: float = 1.0) -> Path:
+               tokenizer: bool = True, tokenizer_shift: int = 0, scale: float = 1.0,
+               perturb: float = 0.0, perturb_seed: int = 99) -> Path:
+    """A random model; ``perturb`` > 0 adds noise (relative to each tensor's spread) with its own seed,
+    giving a draft that resembles, but differs from, the same-seed target."""
     import torch
     from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
@@ -32,21 +35,27 @@ def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: 
         model = LlamaForCausalLM(LlamaConfig(
             vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            bos_token_id=1, eos_token_id=2, tie_word_embeddings=True))
+            bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
     elif family == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(
             vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            bos_token_id=1, eos_token_id=2, tie_word_embeddings=False))
+            bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
     elif family == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4,
-                                           n_positions=256, bos_token_id=1, eos_token_id=2))
+                                           n_positions=256, bos_token_id=1, eos_token_id=2, initializer_range=0.2))
     else:
         raise ValueError(family)
     if scale != 1.0:  # sharper logits: the random model gets a peaked, more realistic distribution
         with torch.no_grad():
             head = model.get_output_embeddings()
             head.weight.mul_(scale)
+    if perturb:
+        gen = torch.Generator().manual_seed(perturb_seed)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.ndim > 1:
+                    param.add_(torch.randn(param.shape, generator=gen) * param.std() * perturb)
     model.save_pretrained(str(out))
     if tokenizer:
         save_tokenizer(vocab, out, tokenizer_shift)

@@ -1,0 +1,309 @@
+"""Runtime behaviour on tiny random bundles: cache, equivalence, failure paths, arguments."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import ortspec
+from ortspec import SpeculativeGenerator
+from ortspec.bundle import load_bundle
+from ortspec.errors import BundleError, CacheOverflowError, ModelRunError, ProviderUnavailableError
+from ortspec.model import CausalLM
+
+PROMPTS = [[1, 17, 5, 99, 42], [1, 8, 8, 8, 8, 8, 9, 8, 8], [1, 120, 3, 77, 64, 12, 33, 7, 90, 101, 4]]
+
+
+def lm_of(bundle_dir, role="target"):
+    b = load_bundle(bundle_dir)
+    spec = getattr(b, role)
+    return CausalLM(spec, str(b.file(spec.path)))
+
+
+# -- CausalLM -----------------------------------------------------------------
+def test_rollback_then_forward_equals_fresh_prefill(pair_bundle):
+    lm = lm_of(pair_bundle)
+    ids = [1, 17, 5, 99, 42, 8, 63, 120]
+    lm.prefill(ids)
+    lm.rollback(5)
+    assert lm.length == 5 and lm.tokens == ids[:5]
+    got = lm.forward([11, 12, 13])
+    ref = lm.reference_logits(ids[:5] + [11, 12, 13])[-3:]
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    lm.rollback(0)
+    np.testing.assert_allclose(lm.forward(ids[:2]), lm.reference_logits(ids[:2]), atol=1e-6)
+
+
+def test_rollback_never_runs_the_model(pair_bundle):
+    lm = lm_of(pair_bundle)
+    lm.prefill([1, 2, 3, 4, 5, 6])
+    calls = []
+    lm.session.run_with_iobinding = lambda *a: calls.append(a)
+    lm.rollback(2)
+    assert calls == [] and lm.length == 2
+    with pytest.raises(ValueError, match="rollback length"):
+        lm.rollback(3)
+
+
+def test_kv_trim_graph_matches_slicing(pair_bundle):
+    lm = lm_of(pair_bundle)
+    lm.prefill(list(range(1, 12)))
+    full = [v.numpy().copy() for v in lm._past]
+    lm.rollback(4)
+    trimmed = [v.numpy() for v in lm._trimmed(4)]
+    for a, b in zip(full, trimmed):
+        assert np.array_equal(a[:, :, :4], b)
+
+
+def test_overflow_is_refused_before_running(pair_bundle):
+    lm = lm_of(pair_bundle)
+    with pytest.raises(CacheOverflowError, match="maximum of 256"):
+        lm.forward([1] * 257)
+    assert lm.length == 0
+
+
+def test_cuda_provider_unavailable_is_a_clear_error(pair_bundle):
+    import onnxruntime as ort
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ProviderUnavailableError, match="ortspec\\[cuda\\]"):
+        SpeculativeGenerator.load(pair_bundle, provider="cuda")
+
+
+# -- greedy equivalence -------------------------------------------------------
+@pytest.fixture(scope="module")
+def baselines(pair_bundle):
+    gen = SpeculativeGenerator.load(pair_bundle, drafter="none")
+    return {tuple(p): gen.generate(input_ids=p, max_new_tokens=40).token_ids for p in PROMPTS}
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt_lookup"])
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_greedy_equals_target_only(pair_bundle, baselines, drafter, gamma):
+    gen = SpeculativeGenerator.load(pair_bundle, drafter=drafter)
+    for p in PROMPTS:
+        res = gen.generate(input_ids=p, max_new_tokens=40, num_draft_tokens=gamma, strict=True)
+        assert res.token_ids == baselines[tuple(p)]
+
+
+def test_greedy_with_self_draft_accepts_most(llama_bundle):
+    base = SpeculativeGenerator.load(llama_bundle, drafter="none")
+    gen = SpeculativeGenerator.load(llama_bundle)
+    for p in PROMPTS:
+        want = base.generate(input_ids=p, max_new_tokens=30).token_ids
+        res = gen.generate(input_ids=p, max_new_tokens=30, num_draft_tokens=4, strict=True)
+        assert res.token_ids == want
+        assert res.stats.acceptance_rate > 0.1  # far above chance (1/128) on a chaotic random model
+
+
+def test_auto_gamma_greedy_equals_target_only(pair_bundle, baselines):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    for p in PROMPTS:
+        assert gen.generate(input_ids=p, max_new_tokens=40, num_draft_tokens="auto").token_ids == baselines[tuple(p)]
+
+
+# -- strict invariants over long sampled runs with many rejections -------------
+def test_strict_long_sampled_generation(pair_bundle):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=200, do_sample=True, temperature=1.5, seed=3,
+                       num_draft_tokens=5, strict=True, eos_token_id=[])
+    s = res.stats
+    assert len(res.token_ids) == 200 and s.new_tokens == 200
+    assert s.drafted > s.accepted > 0  # there were rejections
+    assert s.rounds == len(s.round_tokens) and sum(s.round_tokens) == 200
+    assert len(s.per_position_acceptance) == 5 and all(0 <= a <= 1 for a in s.per_position_acceptance)
+
+
+def test_strict_detects_a_broken_cache(pair_bundle):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    original = gen.target.rollback
+
+    def forgetful_rollback(length):  # keeps rejected tokens' K/V: the bug strict mode exists for
+        gen.target.tokens[:] = gen.target.tokens[:max(length, len(gen.target.tokens))]
+    gen.target.rollback = forgetful_rollback
+    with pytest.raises(ortspec.InvariantError):
+        gen.generate(input_ids=PROMPTS[0], max_new_tokens=30, strict=True)
+    gen.target.rollback = original
+
+
+# -- seeds, EOS, lengths, events ----------------------------------------------
+def test_seeded_sampling_is_reproducible(pair_bundle):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    kw = dict(input_ids=PROMPTS[1], max_new_tokens=30, do_sample=True, top_k=20, temperature=0.9)
+    a = gen.generate(seed=11, **kw).token_ids
+    assert gen.generate(seed=11, **kw).token_ids == a
+    assert SpeculativeGenerator.load(pair_bundle).generate(seed=11, **kw).token_ids == a
+    assert gen.generate(seed=12, **kw).token_ids != a
+
+
+def test_eos_is_last_token_returned(pair_bundle, baselines):
+    want = baselines[tuple(PROMPTS[0])]
+    eos = want[6]
+    stop = want.index(eos)
+    for drafter in ("model", "none", "prompt_lookup"):
+        gen = SpeculativeGenerator.load(pair_bundle, drafter=drafter)
+        res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40, eos_token_id=eos, num_draft_tokens=8)
+        assert res.token_ids == want[:stop + 1] and res.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_max_new_tokens_truncates_rounds(pair_bundle, baselines, n):
+    gen = SpeculativeGenerator.load(pair_bundle, drafter="prompt_lookup")
+    res = gen.generate(input_ids=PROMPTS[1], max_new_tokens=n, num_draft_tokens=8, strict=True)
+    assert res.token_ids == baselines[tuple(PROMPTS[1])][:n] and res.finish_reason == "length"
+
+
+def test_stream_events_rebuild_the_result(llama_bundle):
+    gen = SpeculativeGenerator.load(llama_bundle)
+    events = list(gen.stream(prompt="w5 w6 w7", max_new_tokens=20))
+    ids = [t for ev in events for t in ev.token_ids]
+    res = gen.generate(prompt="w5 w6 w7", max_new_tokens=20)
+    assert ids == res.token_ids
+    assert "".join(ev.text for ev in events) == res.text
+    assert {ev.kind for ev in events} <= {"accepted", "corrected", "bonus", "target", "text"}
+    assert res.text == gen.codec.decode(res.token_ids)
+
+
+def test_chat_template_is_applied(llama_bundle):
+    gen = SpeculativeGenerator.load(llama_bundle)
+    assert gen.codec.render_chat("w9") == "<s> w9 </s> w3 "
+    a = gen.generate(prompt="w9", chat=True, max_new_tokens=5).token_ids
+    b = gen.generate(input_ids=gen.codec.encode("<s> w9 </s> w3"), max_new_tokens=5).token_ids
+    assert a == b
+
+
+def test_ids_only_bundle_generates_from_input_ids(ids_bundle):
+    gen = SpeculativeGenerator.load(ids_bundle, drafter="prompt_lookup")
+    res = gen.generate(input_ids=[1, 5, 6, 5, 6], max_new_tokens=10)
+    assert len(res.token_ids) <= 10 and res.text is None
+    with pytest.raises(ValueError, match="no tokenizer"):
+        gen.generate(prompt="hello")
+    with pytest.raises(BundleError, match="no draft model"):
+        SpeculativeGenerator.load(ids_bundle, drafter="model")
+
+
+# -- failure paths -------------------------------------------------------------
+def test_failing_draft_degrades_to_target_only(pair_bundle, baselines):
+    gen = SpeculativeGenerator.load(pair_bundle)
+
+    def broken(ids):
+        raise ModelRunError("simulated draft failure")
+    gen.drafter.lm.forward = broken
+    with pytest.warns(RuntimeWarning, match="simulated draft failure"):
+        res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
+    assert res.token_ids == baselines[tuple(PROMPTS[0])]
+    assert res.stats.draft_disabled
+    assert gen.generate(input_ids=PROMPTS[0], max_new_tokens=5).stats.draft_disabled
+
+
+def test_draft_returning_garbage_is_never_committed(pair_bundle, baselines):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    gen.drafter.propose = lambda *a, **k: ortspec.drafters.Draft([10_000], None)
+    with pytest.warns(RuntimeWarning):
+        res = gen.generate(input_ids=PROMPTS[2], max_new_tokens=40)
+    assert res.token_ids == baselines[tuple(PROMPTS[2])] and res.stats.draft_disabled
+
+
+def test_draft_that_fails_to_load_is_disabled(tmp_path, pair_bundle, baselines):
+    import shutil, json
+    b = tmp_path / "b"
+    shutil.copytree(pair_bundle, b)
+    m = json.loads((b / "ortspec.json").read_text())
+    m["models"]["draft"]["kv_inputs"][0][0] = "no_such_input"
+    (b / "ortspec.json").write_text(json.dumps(m))
+    with pytest.warns(RuntimeWarning, match="failed to load"):
+        gen = SpeculativeGenerator.load(b)
+    res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
+    assert res.token_ids == baselines[tuple(PROMPTS[0])] and res.stats.draft_disabled
+
+
+def test_target_failure_raises_and_generator_stays_usable(pair_bundle, baselines):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    real = gen.target._run
+    calls = {"n": 0}
+
+    def flaky(*a):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise ModelRunError("simulated target failure")
+        return real(*a)
+    gen.target._run = flaky
+    with pytest.raises(ModelRunError, match="simulated"):
+        gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
+    res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40, strict=True)
+    assert res.token_ids == baselines[tuple(PROMPTS[0])]
+
+
+def test_interrupted_stream_leaves_generator_usable(pair_bundle, baselines):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    it = gen.stream(input_ids=PROMPTS[2], max_new_tokens=40, do_sample=True, seed=1)
+    next(it)
+    it.close()  # what a KeyboardInterrupt in the consumer does to the generator
+    assert gen.generate(input_ids=PROMPTS[2], max_new_tokens=40).token_ids == baselines[tuple(PROMPTS[2])]
+
+
+def test_threads_share_one_generator(pair_bundle, baselines):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    results, errors = [], []
+
+    def work():
+        try:
+            for p in PROMPTS:
+                results.append((tuple(p), gen.generate(input_ids=p, max_new_tokens=40).token_ids))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 12
+    assert all(ids == baselines[p] for p, ids in results)
+
+
+def test_changing_settings_between_calls(pair_bundle):
+    gen = SpeculativeGenerator.load(pair_bundle)
+    fresh = SpeculativeGenerator.load(pair_bundle)
+    gen.generate(input_ids=PROMPTS[0], max_new_tokens=20, do_sample=True, temperature=2.0, seed=5)
+    a = gen.generate(input_ids=PROMPTS[0], max_new_tokens=20, do_sample=True, top_k=5, seed=5, strict=True)
+    b = fresh.generate(input_ids=PROMPTS[0], max_new_tokens=20, do_sample=True, top_k=5, seed=5)
+    assert a.token_ids == b.token_ids
+
+
+# -- arguments ----------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(do_sample=True, temperature=-1.0), "temperature"),
+    (dict(do_sample=True, top_p=0.0), "top_p"),
+    (dict(do_sample=True, top_p=1.2), "top_p"),
+    (dict(top_k=-3), "top_k"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(num_draft_tokens=-1), "num_draft_tokens"),
+    (dict(num_draft_tokens="many"), "num_draft_tokens"),
+    (dict(seed=-5), "seed"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
+])
+def test_bad_generation_arguments(llama_bundle, kwargs, match):
+    gen = SpeculativeGenerator.load(llama_bundle)
+    with pytest.raises(ValueError, match=match):
+        gen.generate(input_ids=[1, 2, 3], **kwargs)
+
+
+def test_bad_prompts(llama_bundle):
+    gen = SpeculativeGenerator.load(llama_bundle)
+    with pytest.raises(ValueError, match="exactly one"):
+        gen.generate()
+    with pytest.raises(ValueError, match="exactly one"):
+        gen.generate(prompt="w1", input_ids=[1])
+    with pytest.raises(ValueError, match="non-empty"):
+        gen.generate(prompt="")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gen.generate(input_ids=[1, 128])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gen.generate(input_ids=[-1])
+    with pytest.raises(CacheOverflowError, match="max_new_tokens"):
+        gen.generate(input_ids=[1] * 200, max_new_tokens=100)
+    with pytest.raises(ValueError, match="drafter"):
+        SpeculativeGenerator.load(llama_bundle, drafter="oracle")
+    with pytest.raises(BundleError, match="does not exist"):
+        SpeculativeGenerator.load("/nonexistent/bundle")

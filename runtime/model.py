@@ -7,11 +7,13 @@ length past_len + fed. The cache is therefore the list of ``present`` OrtValues
 of the last run, kept on the execution provider's device and bound back as the
 next run's ``past`` inputs through IO binding; no K/V byte crosses to the host.
 ``valid length`` is an integer. ``rollback(n)`` only lowers it; the tensors
-are trimmed to ``n`` lazily, right before the next run, by a tiny Slice graph
-executed on the same device (one run for all layers). Rolling back therefore
-never re-runs the model and never copies the cache through the host, on the
-CPU and CUDA providers alike. Only the logits the sampler needs are bound to
-host memory.
+are trimmed to ``n`` lazily, right before the next run. On a device (CUDA) the
+trim is a tiny Slice graph run on that device, one run for all layers, so the
+cache never crosses to the host. On the CPU provider host memory *is* the
+device, and the same trim is a NumPy slice of the OrtValues' own buffers
+(``trim="graph"`` forces the device path there too; the tests run both).
+Rolling back never re-runs the model. Only the logits the sampler needs are
+bound to host memory.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ class CausalLM:
     """Owns one model: session, IO binding, device-resident KV cache, valid length."""
 
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
-                 threads: int | None = None):
+                 threads: int | None = None, trim: str = "auto"):
         self.spec = spec
         self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
@@ -69,7 +71,12 @@ class CausalLM:
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ModelRunError(f"onnxruntime cannot load {model_path}: {exc}") from None
         self._check_graph_names()
-        self._trimmer = ort.InferenceSession(
+        if trim not in ("auto", "graph", "host"):
+            raise ValueError(f"trim must be 'auto', 'graph' or 'host', got {trim!r}")
+        if trim == "host" and self.device != "cpu":
+            raise ValueError("trim='host' needs the CPU provider; the cache of a GPU session lives on the GPU")
+        self._host_trim = trim == "host" or (trim == "auto" and self.device == "cpu")
+        self._trimmer = None if self._host_trim else ort.InferenceSession(
             kv_trim_graph(2 * spec.num_layers, _ELEM[spec.dtype]), session_options(1), providers=providers)
         self._kv_in = [n for pair in spec.kv_inputs for n in pair]
         self._kv_out = [n for pair in spec.kv_outputs for n in pair]
@@ -161,6 +168,11 @@ class CausalLM:
             return self._past
         if length == 0:
             return list(self._empty)
+        if self._host_trim:
+            self._past = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[:, :, :length]))
+                          for v in self._past]
+            self._stored = length
+            return self._past
         b = self._trimmer.io_binding()
         for i, value in enumerate(self._past):
             b.bind_ortvalue_input(f"x{i}", value)

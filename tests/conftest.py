@@ -31,7 +31,7 @@ def hf_models(workdir) -> dict:
         m[fam] = make_model(fam, workdir / fam, vocab=128, seed=0)
     m["llama_b"] = make_model("llama", workdir / "llama_b", vocab=128, seed=0, perturb=0.05)
     m["small_target"] = make_model("llama", workdir / "small_target", vocab=16, seed=2, scale=4.0)
-    m["small_draft"] = make_model("llama", workdir / "small_draft", vocab=16, seed=2, scale=4.0, perturb=0.7)
+    m["small_draft"] = make_model("llama", workdir / "small_draft", vocab=16, seed=2, scale=4.0, perturb=0.1)
     m["foreign"] = make_model("llama", workdir / "foreign", vocab=128, seed=4, tokenizer_shift=1)
     m["no_tok"] = make_model("llama", workdir / "no_tok", vocab=64, seed=5, tokenizer=False)
     return m

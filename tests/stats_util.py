@@ -29,3 +29,39 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.
     if counts.size < 2:
         return 1.0
     return float(stats.chisquare(counts, expected).pvalue)
+
+
+def wrong_verify(draft_tokens, draft_probs, target_probs, rng):
+    """The classic bug, for negative controls: on rejection resample from p, not max(0, p - q)."""
+    from ortspec import verify
+    for i, tok in enumerate(draft_tokens):
+        if rng.random() >= verify.acceptance_probability(target_probs[i, tok], draft_probs[i, tok]):
+            return verify.Verdict(i, verify.sample(target_probs[i], rng), False)
+    return verify.Verdict(len(draft_tokens), verify.sample(target_probs[-1], rng), True)
+
+
+_GENERATORS: dict = {}
+
+
+def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
+    """Worker: counts of the first ``k`` generated tokens over ``seeds`` (runs in a pool process)."""
+    from ortspec import SpeculativeGenerator, generator
+    key = (job["bundle"], job["drafter"])
+    if key not in _GENERATORS:
+        _GENERATORS[key] = SpeculativeGenerator.load(job["bundle"], drafter=job["drafter"], threads=1)
+    gen = _GENERATORS[key]
+    k, vocab = job["k"], gen.vocab_size
+    counts = np.zeros((vocab,) * k, dtype=np.int64)
+    drafted = accepted = 0
+    original = generator.sampled_verify
+    generator.sampled_verify = wrong_verify if job["wrong"] else original
+    try:
+        for seed in job["seeds"]:
+            res = gen.generate(input_ids=job["prompt"], max_new_tokens=job["max_new_tokens"], do_sample=True,
+                               seed=seed, num_draft_tokens=job["gamma"], eos_token_id=[], **job["sampling"])
+            counts[tuple(res.token_ids[:k])] += 1
+            drafted += res.stats.drafted
+            accepted += res.stats.accepted
+    finally:
+        generator.sampled_verify = original
+    return counts, drafted, accepted

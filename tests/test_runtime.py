@@ -307,3 +307,18 @@ def test_bad_prompts(llama_bundle):
         SpeculativeGenerator.load(llama_bundle, drafter="oracle")
     with pytest.raises(BundleError, match="does not exist"):
         SpeculativeGenerator.load("/nonexistent/bundle")
+
+
+def test_device_trim_path_gives_the_same_output(pair_bundle, baselines):
+    """The Slice-graph trim (the CUDA path) run on the CPU provider: same tokens, strict invariants hold."""
+    gen = SpeculativeGenerator.load(pair_bundle)
+    b = gen.bundle
+    gen.target = CausalLM(b.target, str(b.file(b.target.path)), trim="graph")
+    gen.drafter.lm = CausalLM(b.draft, str(b.file(b.draft.path)), trim="graph")
+    assert gen.target._trimmer is not None
+    for p in PROMPTS:
+        res = gen.generate(input_ids=p, max_new_tokens=40, num_draft_tokens=3, strict=True)
+        assert res.token_ids == baselines[tuple(p)]
+    sampled = dict(input_ids=PROMPTS[0], max_new_tokens=40, do_sample=True, seed=9, num_draft_tokens=4)
+    host = SpeculativeGenerator.load(pair_bundle)
+    assert gen.generate(**sampled, strict=True).token_ids == host.generate(**sampled).token_ids

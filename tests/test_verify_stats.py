@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ortspec import verify
-from stats_util import ALPHA, chi_square_p
+from stats_util import ALPHA, chi_square_p, wrong_verify
 
 N = 200_000
 
@@ -18,14 +18,6 @@ PAIRS = {
     "draft_top_k": (np.array([0.35, 0.25, 0.2, 0.15, 0.05]), np.array([0.55, 0.45, 0.0, 0.0, 0.0])),
     "sharp_vs_flat": (np.array([0.9, 0.05, 0.03, 0.02, 0.0]), np.full(5, 0.2)),
 }
-
-
-def wrong_verify(draft_tokens, draft_probs, target_probs, rng):
-    """The classic bug: on rejection, resample from p instead of max(0, p - q)."""
-    for i, tok in enumerate(draft_tokens):
-        if rng.random() >= verify.acceptance_probability(target_probs[i, tok], draft_probs[i, tok]):
-            return verify.Verdict(i, verify.sample(target_probs[i], rng), False)
-    return verify.Verdict(len(draft_tokens), verify.sample(target_probs[-1], rng), True)
 
 
 def run(verifier, p, q, seed=0):

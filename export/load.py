@@ -83,12 +83,13 @@ def _tokenizer(auto, where: str, info: dict, kwargs: dict):
 
 
 def special_ids(tokenizer, generation_config=None) -> dict:
+    """Stop/bos/pad ids as `generate` would use them: the generation config's eos wins over the tokenizer's."""
     eos = set()
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos.add(int(tokenizer.eos_token_id))
     gen_eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
     if gen_eos is not None:
         eos.update([int(gen_eos)] if isinstance(gen_eos, int) else [int(e) for e in gen_eos])
+    elif tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
     if tokenizer is None:
         return {"eos_token_ids": sorted(eos), "bos_token_id": getattr(generation_config, "bos_token_id", None),
                 "pad_token_id": getattr(generation_config, "pad_token_id", None)}

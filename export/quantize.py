@@ -25,7 +25,7 @@ def quantize(src: Path, dst_dir: Path, method: str) -> dict:
     import onnx
 
     for name in ("onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.ERROR)  # opset-upgrade notices are expected
     dst_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst_dir.parent, prefix=".quant-") as work:
         work = Path(work)

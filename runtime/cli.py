@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Stream text from a bundle; a one-line summary goes to stderr.",
                        epilog=EPILOG_GENERATE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="bundle directory made by `ortspec export`")
+    p.add_argument("--recipe", help="export this recipe (models/*.toml) into BUNDLE first if BUNDLE holds no bundle")
     p.add_argument("--prompt", help="prompt text")
     p.add_argument("--input-ids", help="comma-separated token ids instead of --prompt (bundles without a tokenizer)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the bundle's chat template")
@@ -152,6 +153,13 @@ def cmd_generate(args) -> int:
             ids = [int(t) for t in args.input_ids.replace(" ", "").split(",") if t]
         except ValueError:
             raise ValueError("--input-ids must be comma-separated integers, e.g. 1,15,27") from None
+    if args.recipe:
+        from .bundle import is_bundle
+        if not is_bundle(Path(args.bundle)):
+            export_args = argparse.Namespace(target=None, draft=None, draft_quant=None, target_quant=None,
+                                             recipe=args.recipe, out=args.bundle, overwrite=False,
+                                             trust_remote_code=False, json=False)
+            cmd_export(export_args)
     gen = SpeculativeGenerator.load(args.bundle, provider=args.provider, drafter=args.drafter,
                                     threads=args.threads)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,

@@ -330,11 +330,7 @@ class SpeculativeGenerator:
 
     def _eos(self, eos_token_id) -> frozenset:
         if eos_token_id is None:
-            ids = self.bundle.eos_token_ids
-            gen = self.bundle.generation_config.get("eos_token_id")
-            if gen is not None:
-                ids = ids + ([gen] if isinstance(gen, int) else list(gen))
-            return frozenset(int(i) for i in ids)
+            return frozenset(self.bundle.eos_token_ids)
         ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
             raise ValueError(f"eos_token_id must be an id >= 0 or a list of them, got {eos_token_id!r}")

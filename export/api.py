@@ -19,7 +19,7 @@ from typing import Callable
 from ortspec.bundle import (MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
 from ortspec.errors import ExportError, IncompatibleModelsError
 
-from .graph import DATA_SUFFIX, export_model, graph_facts
+from .graph import DATA_SUFFIX, choose_graph, export_model, graph_facts
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
 from .quantize import METHODS, quantize
 
@@ -33,15 +33,19 @@ def _stderr(msg: str) -> None:
 
 def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
                   draft_quant: str | None = None, target_quant: str | None = None,
-                  overwrite: bool = False, trust_remote_code: bool = False,
+                  overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
                   progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
+    graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama/Qwen2/Mistral),
+    "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
     _check_args(target, draft, draft_quant, target_quant)
+    if graph not in ("auto", "fused", "optimum"):
+        raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
     out = Path(out).expanduser()
     _check_out(out, overwrite)
     describe(target)
@@ -54,7 +58,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, say)
+        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, say)
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
         _publish(tmp, out)
@@ -124,13 +128,14 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
-           trust_remote_code: bool, say: Progress) -> dict:
+           trust_remote_code: bool, graph: str, say: Progress) -> dict:
     say(f"loading target {target}")
     src = load_source(target, trust_remote_code)
     _check_disk(tmp, src.model, 2 + (draft is not None))
-    say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to ONNX")
+    kind = choose_graph(src.model, graph)
+    say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to a {kind} ONNX graph")
     target_info = _model_facts(src)
-    fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target")
+    fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target", kind)
     tok_info = _save_tokenizer(src, tmp) if src.tokenizer is not None else None
     if tok_info is None:
         say("the target ships no tokenizer: the bundle will take token ids only")
@@ -152,8 +157,9 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
                 raise IncompatibleModelsError(f"draft {draft} and target {target} do not share a tokenizer: "
                                               f"{problem}; pick a draft from the same model family")
             draft_info = _model_facts(dsrc)
-            say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to ONNX")
-            draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir)
+            dkind = choose_graph(dsrc.model, graph)
+            say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
+            draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir, dkind)
             d_tok = None
             if dsrc.tokenizer is not None:
                 dsrc.tokenizer.backend_tokenizer.save(str(tmp / "draft-tokenizer.json"))
@@ -222,7 +228,8 @@ def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: st
         kv_inputs=tuple(map(tuple, facts["kv_inputs"])), kv_outputs=tuple(map(tuple, facts["kv_outputs"])),
         quantization=quant, source=info["source"],
         sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
-        special_ids=info["special_ids"], tokenizer=tokenizer)
+        special_ids=info["special_ids"], tokenizer=tokenizer, kv_cache=facts["kv_cache"],
+        seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"])
     return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
 
 

@@ -15,8 +15,24 @@ _KV_IN = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _KV_OUT = re.compile(r"^present\.(\d+)\.(key|value)$")
 
 
-def export_model(model, out_dir: Path) -> Path:
-    """optimum ``text-generation-with-past`` export, then consolidation into out_dir/model.onnx(.data)."""
+GRAPHS = ("auto", "fused", "optimum")
+
+
+def choose_graph(model, graph: str) -> str:
+    """Resolve "auto": the fused builder where it supports the model, else optimum."""
+    from .fused import supports
+    if graph not in GRAPHS:
+        raise ValueError(f"graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
+    if graph == "auto":
+        return "optimum" if supports(model) else "fused"
+    return graph
+
+
+def export_model(model, out_dir: Path, graph: str = "auto") -> Path:
+    """Write out_dir/model.onnx + model.onnx.data: the fused graph, or optimum's export consolidated."""
+    if choose_graph(model, graph) == "fused":
+        from .fused import build_fused
+        return build_fused(model, out_dir)
     from optimum.exporters.onnx import onnx_export_from_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -118,11 +134,15 @@ def graph_facts(path: Path) -> dict:
     if not kv_in or len(kv_in) != len(kv_out):
         raise ExportError(f"{path} has no past-key-value inputs/outputs; the export did not use a cache")
     shape = dims(ins[kv_in[0][0]])
-    if "logits" not in outs or "input_ids" not in ins or "attention_mask" not in ins:
+    static = "seqlens_k" in ins
+    if "logits" not in outs or "input_ids" not in ins or not (static or "attention_mask" in ins):
         raise ExportError(f"{path} lacks input_ids/attention_mask/logits")
     elem = ins[kv_in[0][0]].type.tensor_type.elem_type
     return {
-        "input_ids": "input_ids", "attention_mask": "attention_mask",
+        "input_ids": "input_ids", "attention_mask": None if static else "attention_mask",
+        "kv_cache": "static" if static else "concat",
+        "seqlens_k": "seqlens_k" if static else None,
+        "total_sequence_length": "total_sequence_length" if static else None,
         "position_ids": "position_ids" if "position_ids" in ins else None,
         "logits": "logits", "kv_inputs": kv_in, "kv_outputs": kv_out,
         "num_layers": len(kv_in), "num_kv_heads": int(shape[1]), "head_dim": int(shape[3]),

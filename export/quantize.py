@@ -24,8 +24,9 @@ def quantize(src: Path, dst_dir: Path, method: str) -> dict:
     import logging
     import onnx
 
-    for name in ("onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
-        logging.getLogger(name).setLevel(logging.ERROR)  # opset-upgrade notices are expected
+    # The quantizers log expected notices (opset upgrade, "consider pre-processing") as warnings.
+    for name in ("", "onnxruntime.quantization", "onnxruntime.quantization.matmul_nbits_quantizer"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     dst_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst_dir.parent, prefix=".quant-") as work:
         work = Path(work)
@@ -36,7 +37,8 @@ def quantize(src: Path, dst_dir: Path, method: str) -> dict:
                 from onnxruntime.quantization import QuantType, quantize_dynamic
                 quantize_dynamic(str(unfolded), str(out), op_types_to_quantize=["MatMul", "Gather"],
                                  weight_type=QuantType.QInt8, per_channel=False,
-                                 use_external_data_format=True)
+                                 use_external_data_format=True,
+                                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
                 entry = {"method": "int8", "op": "DynamicQuantizeMatMul/MatMulInteger", "weight_type": "int8",
                          "ops": ["MatMul", "Gather"]}
             else:

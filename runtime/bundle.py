@@ -35,7 +35,7 @@ class ModelSpec:
     max_positions: int
     dtype: str                      # "float32" | "float16"
     input_ids: str
-    attention_mask: str
+    attention_mask: str | None      # concat graphs
     position_ids: str | None
     logits: str
     kv_inputs: tuple[tuple[str, str], ...]
@@ -46,6 +46,9 @@ class ModelSpec:
     size_bytes: dict
     special_ids: dict               # eos_token_ids, bos_token_id, pad_token_id
     tokenizer: str | None = None    # this model's own tokenizer.json when it differs in source
+    kv_cache: str = "concat"        # "concat": present = past + new; "static": shared fixed-capacity buffers
+    seqlens_k: str | None = None    # static graphs: total length - 1
+    total_sequence_length: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
@@ -55,13 +58,15 @@ class ModelSpec:
                 num_layers=int(d["num_layers"]), num_kv_heads=int(d["num_kv_heads"]),
                 head_dim=int(d["head_dim"]), vocab_size=int(d["vocab_size"]),
                 max_positions=int(d["max_positions"]), dtype=str(d["dtype"]),
-                input_ids=str(d["input_ids"]), attention_mask=str(d["attention_mask"]),
+                input_ids=str(d["input_ids"]), attention_mask=d.get("attention_mask"),
                 position_ids=d.get("position_ids"), logits=str(d["logits"]),
                 kv_inputs=tuple((str(k), str(v)) for k, v in d["kv_inputs"]),
                 kv_outputs=tuple((str(k), str(v)) for k, v in d["kv_outputs"]),
                 quantization=d.get("quantization"), source=dict(d.get("source") or {}),
                 sha256=dict(d["sha256"]), size_bytes=dict(d.get("size_bytes") or {}),
                 special_ids=dict(d.get("special_ids") or {}), tokenizer=d.get("tokenizer"),
+                kv_cache=str(d.get("kv_cache", "concat")), seqlens_k=d.get("seqlens_k"),
+                total_sequence_length=d.get("total_sequence_length"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"manifest entry models.{role} is malformed ({exc!r}); "
@@ -71,6 +76,13 @@ class ModelSpec:
                               f"pairs and {len(spec.kv_outputs)} output pairs; re-export the bundle")
         if min(spec.num_kv_heads, spec.head_dim, spec.vocab_size, spec.max_positions) < 1:
             raise BundleError(f"models.{role}: sizes must be positive; re-export the bundle")
+        if spec.kv_cache not in ("concat", "static"):
+            raise BundleError(f"models.{role}: unknown kv_cache {spec.kv_cache!r} (concat or static); "
+                              "upgrade ortspec or re-export")
+        needed = ([spec.seqlens_k, spec.total_sequence_length] if spec.kv_cache == "static"
+                  else [spec.attention_mask])
+        if not all(needed):
+            raise BundleError(f"models.{role}: the {spec.kv_cache} cache needs its length inputs named; re-export")
         if spec.dtype not in ("float32", "float16"):
             raise BundleError(f"models.{role}: unsupported dtype {spec.dtype!r} (float32 or float16)")
         return spec

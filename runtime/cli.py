@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-quant", choices=["int8", "int4"], help="quantize the target weights")
     p.add_argument("--recipe", help="a known pair from models/*.toml (e.g. smollm2-135m, qwen2.5-coder) or a .toml path; "
                                     "fetches the weights and fills in --target/--draft/--*-quant")
+    p.add_argument("--graph", default="auto", choices=["auto", "fused", "optimum"],
+                   help="fused: onnxruntime contrib operators with an in-place KV cache (Llama/Qwen2/Mistral, "
+                        "fastest); optimum: optimum's text-generation-with-past export (any architecture it "
+                        "knows); auto (default): fused where supported")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -137,7 +141,8 @@ def cmd_export(args) -> int:
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}
     if not kwargs["target"]:
         raise ValueError("pass --target SRC or --recipe NAME")
-    out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code, **kwargs)
+    out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,
+                        graph=getattr(args, "graph", "auto"), **kwargs)
     if args.json:
         print((Path(out) / "ortspec.json").read_text())
     return 0

@@ -1,7 +1,17 @@
 """CausalLM: one exported graph, its onnxruntime session, IO binding and KV cache.
 
-Cache design (DESIGN-level note). The graphs come from optimum's
-``text-generation-with-past`` export: each layer takes ``past`` K/V tensors of
+Cache design (DESIGN-level note). Two graph kinds exist.
+
+*static* (the fused graphs ortspec builds): every layer's past and present
+K/V are one fixed-capacity buffer [1, kv_heads, capacity, head_dim], allocated
+once on the execution provider's device and bound through IO binding as both
+input and output; the graph writes the new positions in place and reads the
+first ``total_sequence_length`` positions. The valid length is an integer
+passed to the graph each call, so ``rollback(n)`` is only a smaller number:
+no copy, no host round trip, nothing re-run. Capacity grows (one copy) only
+when a request needs more positions than any before it.
+
+*concat* (optimum's ``text-generation-with-past`` export): each layer takes ``past`` K/V tensors of
 shape [1, kv_heads, past_len, head_dim] and returns ``present`` tensors of
 length past_len + fed. The cache is therefore the list of ``present`` OrtValues
 of the last run, kept on the execution provider's device and bound back as the
@@ -59,6 +69,8 @@ def providers_for(provider: str) -> list:
 class CausalLM:
     """Owns one model: session, IO binding, device-resident KV cache, valid length."""
 
+    RESERVE_STEP = 256  # static caches grow in multiples of this many positions
+
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
                  threads: int | None = None, trim: str = "auto"):
         self.spec = spec
@@ -76,22 +88,45 @@ class CausalLM:
         if trim == "host" and self.device != "cpu":
             raise ValueError("trim='host' needs the CPU provider; the cache of a GPU session lives on the GPU")
         self._host_trim = trim == "host" or (trim == "auto" and self.device == "cpu")
-        self._trimmer = None if self._host_trim else ort.InferenceSession(
+        needs_trimmer = spec.kv_cache == "concat" and not self._host_trim
+        self._trimmer = None if not needs_trimmer else ort.InferenceSession(
             kv_trim_graph(2 * spec.num_layers, _ELEM[spec.dtype]), session_options(1), providers=providers)
         self._kv_in = [n for pair in spec.kv_inputs for n in pair]
         self._kv_out = [n for pair in spec.kv_outputs for n in pair]
-        self._empty = [ort.OrtValue.ortvalue_from_shape_and_type(
-            [1, spec.num_kv_heads, 0, spec.head_dim], _NP[spec.dtype], self.device, 0)
-            for _ in self._kv_in]
+        self.static = spec.kv_cache == "static"
+        self._empty = self._buffers(0)
+        self._past: list = list(self._empty)   # static: the shared buffers; concat: last presents
+        self._stored = 0                       # concat: positions held; static: buffer capacity
         self.run_time_s = 0.0
         self.reset()
 
     # -- state ------------------------------------------------------------
     def reset(self) -> None:
         """Forget everything fed so far (valid length 0)."""
-        self._past: list[ort.OrtValue] = list(self._empty)
-        self._stored = 0
+        if not self.static:
+            self._past, self._stored = list(self._empty), 0
         self.tokens: list[int] = []
+
+    def _buffers(self, positions: int) -> list:
+        shape = [1, self.spec.num_kv_heads, positions, self.spec.head_dim]
+        return [ort.OrtValue.ortvalue_from_shape_and_type(shape, _NP[self.spec.dtype], self.device, 0)
+                for _ in self._kv_in]
+
+    def reserve(self, positions: int) -> None:
+        """Static cache: make room for ``positions`` (rounded up), keeping the valid prefix."""
+        if not self.static or positions <= self._stored:
+            return
+        step = self.RESERVE_STEP
+        size = min(self.capacity, -(-positions // step) * step)
+        if not self.length:
+            self._past, self._stored = self._buffers(size), size
+            return
+        fresh = []  # rare: one copy of the valid prefix (through the host on a GPU)
+        for old in self._past:
+            data = np.zeros((1, self.spec.num_kv_heads, size, self.spec.head_dim), _NP[self.spec.dtype])
+            data[:, :, :self.length] = old.numpy()[:, :, :self.length]
+            fresh.append(ort.OrtValue.ortvalue_from_numpy(data, self.device, 0))
+        self._past, self._stored = fresh, size
 
     @property
     def length(self) -> int:
@@ -123,6 +158,11 @@ class CausalLM:
             raise CacheOverflowError(
                 f"{start + len(ids)} positions exceed the model's maximum of {self.capacity}; "
                 "shorten the prompt or lower max_new_tokens")
+        if self.static:
+            self.reserve(start + len(ids))
+            logits, _ = self._run(ids, start, self._past)
+            self.tokens = self.tokens + ids
+            return logits
         past = self._trimmed(start)
         logits, present = self._run(ids, start, past)
         # Commit the new state in one step only after the run succeeded.
@@ -131,15 +171,20 @@ class CausalLM:
 
     def reference_logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits of a fresh prefill of ``ids``, leaving the cache untouched (for checks)."""
-        logits, _ = self._run([int(t) for t in ids], 0, self._empty)
+        ids = [int(t) for t in ids]
+        logits, _ = self._run(ids, 0, self._buffers(len(ids)) if self.static else self._empty)
         return logits
 
     def _run(self, ids: list[int], start: int, past: list) -> tuple[np.ndarray, list]:
         spec = self.spec
         total = start + len(ids)
         b = self.session.io_binding()
-        feeds = {spec.input_ids: np.asarray([ids], dtype=np.int64),
-                 spec.attention_mask: np.ones((1, total), dtype=np.int64)}
+        feeds = {spec.input_ids: np.asarray([ids], dtype=np.int64)}
+        if self.static:
+            feeds[spec.seqlens_k] = np.array([total - 1], dtype=np.int32)
+            feeds[spec.total_sequence_length] = np.array(total, dtype=np.int32)
+        else:
+            feeds[spec.attention_mask] = np.ones((1, total), dtype=np.int64)
         if spec.position_ids:
             feeds[spec.position_ids] = np.arange(start, total, dtype=np.int64)[None, :]
         for name, arr in feeds.items():
@@ -147,8 +192,11 @@ class CausalLM:
         for name, value in zip(self._kv_in, past):
             b.bind_ortvalue_input(name, value)
         b.bind_output(spec.logits, "cpu")
-        for name in self._kv_out:
-            b.bind_output(name, self.device, 0)
+        for name, value in zip(self._kv_out, past):
+            if self.static:
+                b.bind_ortvalue_output(name, value)  # written in place
+            else:
+                b.bind_output(name, self.device, 0)
         t0 = time.perf_counter()
         try:
             self.session.run_with_iobinding(b)
@@ -160,7 +208,7 @@ class CausalLM:
         logits = out[0].numpy()[0]
         if logits.dtype != np.float32:
             logits = logits.astype(np.float32)
-        return logits, list(out[1:])
+        return logits, (past if self.static else list(out[1:]))
 
     def _trimmed(self, length: int) -> list:
         """The cache tensors cut to ``length`` positions (device-side Slice)."""
@@ -191,7 +239,8 @@ class CausalLM:
         spec = self.spec
         inputs = {i.name for i in self.session.get_inputs()}
         outputs = {o.name for o in self.session.get_outputs()}
-        need_in = [spec.input_ids, spec.attention_mask] + [n for p in spec.kv_inputs for n in p]
+        need_in = [spec.input_ids] + [n for p in spec.kv_inputs for n in p]
+        need_in += [spec.seqlens_k, spec.total_sequence_length] if spec.kv_cache == "static" else [spec.attention_mask]
         if spec.position_ids:
             need_in.append(spec.position_ids)
         need_out = [spec.logits] + [n for p in spec.kv_outputs for n in p]

@@ -43,10 +43,12 @@ def llama_bundle(workdir, hf_models) -> Path:
     return _export(target=str(hf_models["llama"]), draft="self", draft_quant="int4", out=workdir / "b_llama")
 
 
-@pytest.fixture(scope="session")
-def pair_bundle(workdir, hf_models) -> Path:
-    """Llama target with a different random llama as draft (many rejections)."""
-    return _export(target=str(hf_models["llama"]), draft=str(hf_models["llama_b"]), out=workdir / "b_pair")
+@pytest.fixture(scope="session", params=["fused", "optimum"])
+def pair_bundle(request, workdir, hf_models) -> Path:
+    """Llama target with a perturbed llama as draft (many rejections), as both graph kinds:
+    fused (static in-place KV cache) and optimum (concat cache, trimmed on rollback)."""
+    return _export(target=str(hf_models["llama"]), draft=str(hf_models["llama_b"]),
+                   out=workdir / f"b_pair_{request.param}", graph=request.param)
 
 
 @pytest.fixture(scope="session")

@@ -25,10 +25,14 @@ REQUIRED = ["path", "data", "architecture", "num_layers", "num_kv_heads", "head_
             "kv_inputs", "kv_outputs", "quantization", "source", "sha256", "size_bytes", "special_ids"]
 
 
+GRAPH_KINDS = [("llama", "fused"), ("llama", "optimum"), ("qwen2", "fused"), ("qwen2", "optimum"),
+               ("gpt2", "optimum")]
+
+
 @pytest.fixture(scope="module")
 def family_bundles(workdir, hf_models):
-    return {fam: export_bundle(target=str(hf_models[fam]), out=workdir / f"fam_{fam}", progress=None)
-            for fam in ("llama", "qwen2", "gpt2")}
+    return {(fam, g): export_bundle(target=str(hf_models[fam]), out=workdir / f"fam_{fam}_{g}", graph=g,
+                                    progress=None) for fam, g in GRAPH_KINDS}
 
 
 def torch_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
@@ -38,9 +42,10 @@ def torch_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
-def test_onnx_logits_equal_pytorch_for_prefill_and_decode(family, family_bundles, hf_models):
-    bundle = load_bundle(family_bundles[family])
+@pytest.mark.parametrize("family,graph", GRAPH_KINDS)
+def test_onnx_logits_equal_pytorch_for_prefill_and_decode(family, graph, family_bundles, hf_models):
+    bundle = load_bundle(family_bundles[(family, graph)])
+    assert bundle.target.kv_cache == ("static" if graph == "fused" else "concat")
     lm = CausalLM(bundle.target, str(bundle.file(bundle.target.path)))
     ids = [1, 17, 5, 99, 42, 8, 63, 120, 3, 77]
     ref = torch_logits(hf_models[family], ids)
@@ -49,8 +54,18 @@ def test_onnx_logits_equal_pytorch_for_prefill_and_decode(family, family_bundles
     for k in range(6, 9):  # decode steps reading the past
         np.testing.assert_allclose(lm.forward([ids[k]])[0], ref[k], atol=1e-4)
     np.testing.assert_allclose(lm.forward(ids[9:]), ref[9:], atol=1e-4)
-    if family != "gpt2":
+    lm.rollback(4)  # a rejected block: the next positions see only the first 4 tokens
+    alt = ids[:4] + [11, 12, 13]
+    np.testing.assert_allclose(lm.forward(alt[4:]), torch_logits(hf_models[family], alt)[4:], atol=1e-4)
+    if graph == "optimum" and family != "gpt2":
         assert bundle.target.position_ids == "position_ids"
+
+
+def test_auto_graph_falls_back_to_optimum_where_fused_cannot(family_bundles, workdir, hf_models):
+    out = export_bundle(target=str(hf_models["gpt2"]), out=workdir / "gpt2_auto", progress=None)
+    assert load_bundle(out).target.kv_cache == "concat"
+    with pytest.raises(ExportError, match="--graph optimum"):
+        export_bundle(target=str(hf_models["gpt2"]), out=workdir / "gpt2_fused", graph="fused", progress=None)
 
 
 def test_manifest_fields_and_checksums(llama_bundle):
@@ -62,7 +77,8 @@ def test_manifest_fields_and_checksums(llama_bundle):
         for name, digest in entry["sha256"].items():
             assert sha256_file(llama_bundle / role / name) == digest
         assert set(entry["sha256"]) == {"model.onnx", "model.onnx.data"}
-        assert entry["num_layers"] == 2 and entry["num_kv_heads"] == 2 and entry["head_dim"] == 8
+        assert entry["num_layers"] == 2 and entry["num_kv_heads"] == 2 and entry["head_dim"] == 16
+        assert entry["kv_cache"] == "static" and entry["seqlens_k"] == "seqlens_k"
         assert entry["vocab_size"] == 128
     assert manifest["models"]["draft"]["quantization"]["method"] == "int4"
     assert manifest["models"]["draft"]["quantization"]["block_size"] == 32
@@ -82,11 +98,14 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     bundle = load_bundle(out)
     q = bundle.draft.quantization
     assert q["method"] == method
-    if method == "int4":  # embedding and lm_head are quantized too
+    import onnx
+    matmuls = sum(n.op_type == "MatMul" for n in onnx.load(str(out / "target" / "model.onnx"),
+                                                          load_external_data=False).graph.node)
+    if method == "int4":  # every MatMul (lm_head included) and the embedding are quantized
         assert q["quantized_nodes"].get("GatherBlockQuantized") == 1
-        assert q["quantized_nodes"]["MatMulNBits"] == 2 * 7 + 1
+        assert q["quantized_nodes"]["MatMulNBits"] == matmuls
     else:
-        assert q["quantized_nodes"]["MatMulInteger"] == 2 * 7 + 1
+        assert q["quantized_nodes"]["MatMulInteger"] == matmuls
     fp = CausalLM(bundle.target, str(bundle.file(bundle.target.path)))
     qd = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)))
     ids = list(np.random.default_rng(0).integers(3, 16, 60))
@@ -109,8 +128,8 @@ def test_mismatched_tokenizers_are_refused_at_export(workdir, hf_models):
     assert not list(workdir.glob(".mismatch.partial-*"))
 
 
-def test_mismatched_tokenizers_are_refused_at_load(workdir, pair_bundle, hf_models):
-    bad = workdir / "bad_pair"
+def test_mismatched_tokenizers_are_refused_at_load(tmp_path, pair_bundle, hf_models):
+    bad = tmp_path / "bad_pair"
     shutil.copytree(pair_bundle, bad)
     shutil.copyfile(hf_models["foreign"] / "tokenizer.json", bad / "draft" / "tokenizer.json")
     with pytest.raises(IncompatibleModelsError, match="token id 3"):
@@ -216,8 +235,7 @@ def test_inspect_cli_json(llama_bundle):
     report = json.loads(proc.stdout)
     assert report["ok"] and report["compatibility"].startswith("compatible")
     assert report["models"]["draft"]["quantization"]["method"] == "int4"
-    assert report["models"]["target"]["io"]["inputs"]["past_key_values.0.key"] == ["batch_size", 2,
-                                                                                    "past_sequence_length", 8]
+    assert report["models"]["target"]["io"]["inputs"]["past_key_values.0.key"] == [1, 2, "max_sequence_length", 16]
 
 
 def test_cli_refuses_existing_bundle_with_one_line(tmp_path, hf_models, llama_bundle):

@@ -35,6 +35,23 @@ def test_rollback_then_forward_equals_fresh_prefill(pair_bundle):
     np.testing.assert_allclose(lm.forward(ids[:2]), lm.reference_logits(ids[:2]), atol=1e-6)
 
 
+def test_static_cache_rollback_is_only_a_length(pair_bundle):
+    lm = lm_of(pair_bundle)
+    if not lm.static:
+        pytest.skip("concat caches trim")
+    lm.RESERVE_STEP = 16
+    lm.prefill(list(range(1, 40)))
+    buffers = [id(v) for v in lm._past]
+    assert lm._stored == 48
+    lm.rollback(10)
+    lm.forward([5, 6])
+    assert [id(v) for v in lm._past] == buffers  # same device buffers, written in place
+    lm.forward([(k % 120) + 3 for k in range(60)])  # past the reservation: grows once, keeps the prefix
+    assert lm._stored == 80 and [id(v) for v in lm._past] != buffers
+    ref = lm.reference_logits(lm.tokens + [7, 8, 9])[-3:]
+    np.testing.assert_allclose(lm.forward([7, 8, 9]), ref, atol=1e-5)
+
+
 def test_rollback_never_runs_the_model(pair_bundle):
     lm = lm_of(pair_bundle)
     lm.prefill([1, 2, 3, 4, 5, 6])
@@ -48,6 +65,8 @@ def test_rollback_never_runs_the_model(pair_bundle):
 
 def test_kv_trim_graph_matches_slicing(pair_bundle):
     lm = lm_of(pair_bundle)
+    if lm.static:
+        pytest.skip("static caches are never trimmed")
     lm.prefill(list(range(1, 12)))
     full = [v.numpy().copy() for v in lm._past]
     lm.rollback(4)
@@ -313,6 +332,8 @@ def test_device_trim_path_gives_the_same_output(pair_bundle, baselines):
     """The Slice-graph trim (the CUDA path) run on the CPU provider: same tokens, strict invariants hold."""
     gen = SpeculativeGenerator.load(pair_bundle)
     b = gen.bundle
+    if b.target.kv_cache == "static":
+        pytest.skip("static caches are never trimmed")
     gen.target = CausalLM(b.target, str(b.file(b.target.path)), trim="graph")
     gen.drafter.lm = CausalLM(b.draft, str(b.file(b.draft.path)), trim="graph")
     assert gen.target._trimmer is not None

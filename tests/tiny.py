@@ -33,12 +33,12 @@ def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: 
     torch.manual_seed(seed)
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+            vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
     elif family == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(
-            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+            vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
     elif family == "gpt2":

@@ -1,0 +1,146 @@
+"""A fused decoder graph for Llama-family models (Llama, Qwen2, Mistral), built from the weights.
+
+optimum's graphs spend most of a small model's step in thousands of shape
+nodes (about 3,100 for SmolLM2-135M after onnxruntime's own fusions). This
+builder writes the same network with onnxruntime's fused contrib operators,
+about 11 nodes per layer:
+
+    SkipSimplifiedLayerNormalization -> MatMul(QKV, packed) [+ bias]
+    -> GroupQueryAttention (rotary inside, KV cache in place)
+    -> MatMul(O) -> SkipSimplifiedLayerNormalization -> MatMul(gate), MatMul(up)
+    -> QuickGelu(alpha=1) (= SiLU) -> Mul -> MatMul(down)
+
+KV cache (``kv_cache = "static"`` in the manifest): every layer's past and
+present K/V are the *same* fixed-capacity buffer [1, kv_heads, capacity,
+head_dim]; the graph writes the new positions in place and reads only the
+first ``total_sequence_length`` of them (``seqlens_k`` = total - 1). Rolling
+back is therefore only a smaller length on the next call: no copy, no trim,
+on any execution provider.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ortspec.errors import ExportError
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+OPSET = 17
+
+
+def supports(model) -> str | None:
+    """None when the model can be built fused, else the reason it cannot."""
+    cfg = model.config
+    if cfg.model_type not in SUPPORTED:
+        return f"model type {cfg.model_type!r} (fused graphs cover {', '.join(SUPPORTED)})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r}"
+    scaling = getattr(cfg, "rope_scaling", None) or {}
+    if scaling.get("rope_type", scaling.get("type")) in ("dynamic", "longrope"):
+        return "length-dependent rope scaling"
+    if getattr(cfg, "use_sliding_window", False) or (cfg.model_type == "mistral" and getattr(cfg, "sliding_window", None)):
+        return "sliding-window attention"
+    if getattr(cfg, "mlp_bias", False):
+        return "MLP bias"
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim % 16:
+        return f"head size {head_dim} (onnxruntime's GroupQueryAttention needs a multiple of 16)"
+    return None
+
+
+def build_fused(model, out_dir: Path) -> Path:
+    """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    reason = supports(model)
+    if reason:
+        raise ExportError(f"no fused graph for this model: {reason}; use --graph optimum")
+    cfg = model.config
+    hidden, n_heads, kv_heads = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or hidden // n_heads
+    layers, eps = cfg.num_hidden_layers, float(cfg.rms_norm_eps)
+    max_pos = int(cfg.max_position_embeddings)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    inits, nodes = [], []
+
+    def init(name: str, arr: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
+        return name
+
+    def node(op: str, ins: list[str], outs: list[str], domain: str = "", **attrs) -> None:
+        nodes.append(helper.make_node(op, ins, outs, name=f"{outs[0] or op}_node", domain=domain, **attrs))
+
+    def linear_t(*keys: str) -> np.ndarray:
+        """HF Linear weights [out, in] -> one [in, sum(out)] MatMul weight."""
+        return np.concatenate([sd[k] for k in keys], axis=0).T
+
+    # Rotary tables exactly as the model computes them (any static rope scaling included).
+    with torch.no_grad():
+        pos = torch.arange(max_pos)[None]
+        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), pos)
+    half = head_dim // 2
+    cos_name = init("rotary.cos", cos[0, :, :half].numpy())
+    sin_name = init("rotary.sin", sin[0, :, :half].numpy())
+
+    node("Gather", [init("embed.weight", sd["model.embed_tokens.weight"]), "input_ids"], ["embeds"])
+    resid, out = "embeds", None
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        ln1 = init(f"l{i}.ln1", sd[p + "input_layernorm.weight"])
+        if out is None:
+            node("SimplifiedLayerNormalization", [resid, ln1], [f"l{i}.h"], axis=-1, epsilon=eps)
+        else:
+            node("SkipSimplifiedLayerNormalization", [out, resid, ln1], [f"l{i}.h", "", "", f"l{i}.res"],
+                 domain="com.microsoft", epsilon=eps)
+            resid = f"l{i}.res"
+        qkv_w = linear_t(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight")
+        node("MatMul", [f"l{i}.h", init(f"l{i}.qkv.weight", qkv_w)], [f"l{i}.qkv"])
+        qkv = f"l{i}.qkv"
+        if p + "self_attn.q_proj.bias" in sd:
+            bias = np.concatenate([sd[p + f"self_attn.{x}_proj.bias"] for x in "qkv"])
+            node("Add", [qkv, init(f"l{i}.qkv.bias", bias)], [f"l{i}.qkvb"])
+            qkv = f"l{i}.qkvb"
+        node("GroupQueryAttention",
+             [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
+              "total_sequence_length", cos_name, sin_name],
+             [f"l{i}.attn", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
+             num_heads=n_heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0,
+             scale=float(head_dim ** -0.5), local_window_size=-1)
+        node("MatMul", [f"l{i}.attn", init(f"l{i}.o.weight", sd[p + "self_attn.o_proj.weight"].T)], [f"l{i}.o"])
+        node("SkipSimplifiedLayerNormalization",
+             [f"l{i}.o", resid, init(f"l{i}.ln2", sd[p + "post_attention_layernorm.weight"])],
+             [f"l{i}.h2", "", "", f"l{i}.res2"], domain="com.microsoft", epsilon=eps)
+        resid = f"l{i}.res2"
+        node("MatMul", [f"l{i}.h2", init(f"l{i}.gate.weight", sd[p + "mlp.gate_proj.weight"].T)], [f"l{i}.g"])
+        node("MatMul", [f"l{i}.h2", init(f"l{i}.up.weight", sd[p + "mlp.up_proj.weight"].T)], [f"l{i}.u"])
+        node("QuickGelu", [f"l{i}.g"], [f"l{i}.act"], domain="com.microsoft", alpha=1.0)  # x*sigmoid(x) = SiLU
+        node("Mul", [f"l{i}.act", f"l{i}.u"], [f"l{i}.gu"])
+        node("MatMul", [f"l{i}.gu", init(f"l{i}.down.weight", sd[p + "mlp.down_proj.weight"].T)], [f"l{i}.d"])
+        out = f"l{i}.d"
+    node("SkipSimplifiedLayerNormalization", [out, resid, init("final_norm", sd["model.norm.weight"])],
+         ["final", "", "", ""], domain="com.microsoft", epsilon=eps)
+    head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
+    node("MatMul", ["final", init("lm_head.weight", head.T)], ["logits"])
+
+    vocab = head.shape[0]
+    kv_shape = [1, kv_heads, "max_sequence_length", head_dim]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence_length", vocab])]
+    for i in range(layers):
+        for kv in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", TensorProto.FLOAT, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", TensorProto.FLOAT, kv_shape))
+    graph = helper.make_graph(nodes, "ortspec_fused_decoder", inputs, outputs, inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                         helper.make_opsetid("com.microsoft", 1)])
+    onnx_model.ir_version = 8
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.onnx"
+    onnx.save(onnx_model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="model.onnx.data", size_threshold=1024)
+    return path

@@ -63,11 +63,27 @@ def build_fused(model, out_dir: Path) -> Path:
     head_dim = getattr(cfg, "head_dim", None) or hidden // n_heads
     layers, eps = cfg.num_hidden_layers, float(cfg.rms_norm_eps)
     max_pos = int(cfg.max_position_embeddings)
-    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}  # views, no copies
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.onnx"
+    data = open(out_dir / "model.onnx.data", "wb")
     inits, nodes = [], []
 
     def init(name: str, arr: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(arr, dtype=np.float32), name))
+        """Write one weight straight to the data file (one tensor in memory at a time)."""
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        if arr.nbytes < 1024:
+            inits.append(numpy_helper.from_array(arr, name))
+            return name
+        data.write(b"\0" * ((-data.tell()) % 64))
+        offset = data.tell()
+        data.write(arr.tobytes())
+        tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(arr.shape),
+                                  data_location=onnx.TensorProto.EXTERNAL)
+        for key, value in (("location", "model.onnx.data"), ("offset", str(offset)), ("length", str(arr.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        inits.append(tensor)
         return name
 
     def node(op: str, ins: list[str], outs: list[str], domain: str = "", **attrs) -> None:
@@ -139,8 +155,6 @@ def build_fused(model, out_dir: Path) -> Path:
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                          helper.make_opsetid("com.microsoft", 1)])
     onnx_model.ir_version = 8
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "model.onnx"
-    onnx.save(onnx_model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="model.onnx.data", size_threshold=1024)
+    data.close()
+    onnx.save_model(onnx_model, str(path))
     return path

@@ -91,11 +91,22 @@ def consolidate(src: Path, dst: Path, fold_transposes: bool = False) -> Path:
 
         if fold_transposes:
             _fold_initializer_transposes(model, src.parent)
-        for tensor in model.graph.initializer:
+        for tensor in _all_tensors(model.graph):
             put(tensor)
     onnx.save(model, str(tmp_dst))
     os.replace(tmp_dst, dst)
     return dst
+
+
+def _all_tensors(graph):
+    """Initializers and tensor attributes (Constant nodes, subgraphs) of a graph."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                yield from _all_tensors(sub)
 
 
 def _fold_initializer_transposes(model, base: Path) -> None:

@@ -39,13 +39,15 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="stop token id (repeatable; default: the bundle's)")
 
 
-def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model") -> None:
+def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", gamma: bool = True) -> None:
     g = p.add_argument_group("runtime")
     g.add_argument("--drafter", default=drafter_default, choices=["model", "prompt-lookup", "none"],
                    help="where drafts come from: the bundle's draft model, n-grams of the text so far, "
-                        f"or nothing (target only). Default {drafter_default}")
-    g.add_argument("--num-draft-tokens", default="4",
-                   help="tokens drafted per round (integer) or 'auto' (cost model). Default 4")
+                        "or nothing (target only). Default " + (drafter_default or "the draft model if the bundle "
+                                                                "has one, else prompt-lookup"))
+    if gamma:
+        g.add_argument("--num-draft-tokens", default="4",
+                       help="tokens drafted per round (integer) or 'auto' (cost model). Default 4")
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="onnxruntime execution provider")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: onnxruntime's)")
 
@@ -92,6 +94,45 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_flags(p)
     _runtime_flags(p)
 
+    p = sub.add_parser("bench", help="measure speedup over target-only decoding, interleaved on the same prompts",
+                       description="Runs target-only decoding and every draft length on each prompt in one "
+                                   "process (rotating order), and reports tokens/s, speedup (median of per-prompt "
+                                   "ratios), acceptance, tokens/round, time split, latency percentiles, and the "
+                                   "cost model's ideal speedup with efficiency = measured / ideal.")
+    p.add_argument("bundle")
+    p.add_argument("--prompts", default=None, help="jsonl file with a \"prompt\" per line (default: the shipped dev prompts)")
+    p.add_argument("--num-draft-tokens", default="1,2,3,4,6,8,auto", help="comma-separated gammas and/or 'auto'")
+    p.add_argument("--repeat", type=int, default=1, help="passes over the prompts (default 1)")
+    p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
+    p.add_argument("--calibrate", action="store_true", help="re-measure step costs and store the profile")
+    p.add_argument("--out", help="write the report as JSON")
+    p.add_argument("--plot", help="write speedup vs gamma and per-position acceptance as PNG (needs matplotlib)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    _sampling_flags(p)
+    p.set_defaults(max_new_tokens=128)
+    _runtime_flags(p, gamma=False)
+
+    p = sub.add_parser("verify", help="certify on this machine that speculative output is the target's",
+                       description="Runs (1) greedy equality against target-only decoding on the prompts, "
+                                   "(2) a chi-square test of the first K committed tokens of full speculative rounds "
+                                   "against the exact target-only distribution at fixed prefixes, with your sampling "
+                                   "settings, and (3) the same test on a deliberately wrong verifier, which must "
+                                   "fail. Exit code 0 pass, 1 fail, 2 inconclusive.")
+    p.add_argument("bundle")
+    p.add_argument("--prompts", help="jsonl with a \"prompt\" per line (default: the shipped dev prompts)")
+    p.add_argument("--input-ids-file", help="jsonl with \"input_ids\" per line, for bundles without a tokenizer")
+    p.add_argument("--num-draft-tokens", default="1,4", help="gammas for the greedy check; the largest is used "
+                                                           "for the distribution check (default 1,4)")
+    p.add_argument("--samples", type=int, default=20000, help="speculative generations for the distribution test")
+    p.add_argument("--prefixes", type=int, default=2, help="how many prompts serve as fixed prefixes (default 2)")
+    p.add_argument("--k", default="1,2", help="lengths of the committed prefix to test, 1 and/or 2 (default 1,2)")
+    p.add_argument("--greedy-tokens", type=int, default=32, help="new tokens per greedy comparison (default 32)")
+    p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _sampling_flags(p)
+    p.set_defaults(do_sample=True)
+    _runtime_flags(p, drafter_default=None, gamma=False)
+
     p = sub.add_parser("inspect", help="show a bundle's models, graph I/O, compatibility and checksums")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true")
@@ -105,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    handler = {"export": cmd_export, "generate": cmd_generate, "inspect": cmd_inspect}[args.command]
+    handler = {"export": cmd_export, "generate": cmd_generate, "inspect": cmd_inspect, "bench": cmd_bench,
+               "verify": cmd_verify}[args.command]
     try:
         return handler(args) or 0
     except KeyboardInterrupt:
@@ -185,6 +227,79 @@ def cmd_generate(args) -> int:
           f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round, "
           f"stopped on {reason}" + (" (draft disabled)" if stats.draft_disabled else ""), file=sys.stderr)
     return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import format_table, load_prompts, plot, run_bench
+    prompts_path = Path(args.prompts) if args.prompts else _default_prompts()
+    if not prompts_path.is_file():
+        raise ValueError(f"prompts file {prompts_path} does not exist; pass --prompts FILE (jsonl with \"prompt\")")
+    gammas = [_gamma(g.strip()) for g in args.num_draft_tokens.split(",") if g.strip()]
+    if not gammas:
+        raise ValueError("--num-draft-tokens needs at least one value, e.g. 1,2,4,auto")
+    if args.repeat < 1:
+        raise ValueError("--repeat must be >= 1")
+    sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    repetition_penalty=args.repetition_penalty)
+    report = run_bench(args.bundle, load_prompts(prompts_path), gammas, drafter=args.drafter.replace("-", "_"),
+                       max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
+                       provider=args.provider, threads=args.threads, calibrate=args.calibrate, sampling=sampling,
+                       progress=lambda m: print(f"\r[ortspec bench] {m}    ", end="", file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    if args.plot:
+        plot(report, args.plot)
+    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    return 0
+
+
+def _default_prompts() -> Path:
+    return Path(__file__).resolve().parent.parent / "tools" / "prompts" / "dev.jsonl"
+
+
+def cmd_verify(args) -> int:
+    from .bench import load_prompts
+    from .bundle import load_bundle
+    from .config import SamplingConfig
+    from .exactness import format_verify, run_verify
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    repetition_penalty=args.repetition_penalty)
+    SamplingConfig(do_sample=True, **sampling)  # refuse bad settings before any work
+    gammas = [int(g) for g in args.num_draft_tokens.split(",") if g.strip()]
+    if not gammas or min(gammas) < 1:
+        raise ValueError("--num-draft-tokens needs positive integers, e.g. 1,4")
+    ks = sorted({int(k) for k in args.k.split(",") if k.strip()})
+    if not ks or not set(ks) <= {1, 2}:
+        raise ValueError("--k takes 1 and/or 2")
+    if args.samples < 100 or args.prefixes < 1 or args.greedy_tokens < 1:
+        raise ValueError("--samples must be >= 100, --prefixes and --greedy-tokens >= 1")
+    bundle = load_bundle(args.bundle)
+    if args.drafter == "none":
+        raise ValueError("--drafter none has nothing to verify; use model or prompt-lookup")
+    if bundle.tokenizer_file is None:
+        if not args.input_ids_file:
+            raise ValueError("this bundle has no tokenizer: pass --input-ids-file (jsonl with \"input_ids\")")
+        prompts = []
+        for n, line in enumerate(Path(args.input_ids_file).read_text().splitlines(), 1):
+            if line.strip():
+                ids = json.loads(line).get("input_ids")
+                if not isinstance(ids, list) or not ids:
+                    raise ValueError(f"{args.input_ids_file}:{n} needs a non-empty \"input_ids\" list")
+                prompts.append([int(t) for t in ids])
+    else:
+        from .text import TextCodec
+        codec = TextCodec(bundle.tokenizer_file, bundle.tokenizer_config)
+        chat = bool(codec.chat_template) and not args.no_chat
+        items = load_prompts(Path(args.prompts) if args.prompts else _default_prompts())
+        prompts = [codec.encode(it["prompt"], chat=chat) for it in items]
+    drafter = args.drafter.replace("-", "_") if args.drafter else None
+    report = run_verify(args.bundle, prompts, gammas, sampling, samples=args.samples, seed=args.seed or 0,
+                        prefixes=args.prefixes, ks=ks, drafter=drafter, max_new_tokens=args.greedy_tokens,
+                        provider=args.provider, threads=args.threads,
+                        progress=lambda m: print(f"[ortspec verify] {m}", file=sys.stderr, flush=True))
+    print(json.dumps(report, indent=2) if args.json else format_verify(report))
+    return {"pass": 0, "fail": 1, "inconclusive": 2}[report["verdict"]]
 
 
 def cmd_inspect(args) -> int:

@@ -78,5 +78,8 @@ class AutoController:
 def make_controller(speculation: SpeculationConfig, generator):
     if speculation.num_draft_tokens == "auto":
         lm = getattr(generator.drafter, "lm", None)
-        return AutoController(min(8, speculation.max_draft_tokens), generator.profile(), generator.target, lm)
+        profile = dict(generator.profile())
+        if lm is None:
+            profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
+        return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
     return FixedController(int(speculation.num_draft_tokens))

@@ -9,6 +9,7 @@ fresh prefill of the common prefix) is below ``tie_tolerance``, else a real
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, asdict
 from typing import Sequence
 
@@ -80,3 +81,206 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
                 else:
                     report.mismatches += 1
     return report
+
+
+# -- distribution check ----------------------------------------------------------
+class MemoLM:
+    """Stands in for a CausalLM with the same interface; logits are memoized by token prefix.
+
+    Lets tens of thousands of speculative rounds from a few fixed prefixes run
+    through the real drafter, pipeline and verifier while each distinct
+    context is computed by the real model only once.
+    """
+
+    def __init__(self, lm, max_bytes: int = 1_500_000_000):
+        self.lm, self.spec, self.provider = lm, lm.spec, lm.provider
+        self.static = getattr(lm, "static", False)
+        self.tokens: list[int] = []
+        self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+        self._max_rows = max(64, max_bytes // (4 * lm.spec.vocab_size))
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self.lm.capacity
+
+    @property
+    def run_time_s(self) -> float:
+        return self.lm.run_time_s
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def reserve(self, positions: int) -> None:
+        pass
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
+        del self.tokens[length:]
+
+    def prefill(self, ids):
+        self.reset()
+        return self.forward(ids)
+
+    def forward(self, ids) -> np.ndarray:
+        full = self.tokens + [int(t) for t in ids]
+        start = len(self.tokens)
+        keys = [tuple(full[: j + 1]) for j in range(start, len(full))]
+        if any(k not in self._memo for k in keys):
+            real = self.lm
+            from .drafters import common_prefix
+            real.rollback(min(common_prefix(real.tokens, full), start))
+            first = real.length
+            rows = real.forward(full[first:])
+            for j, row in zip(range(first, len(full)), rows):
+                self._memo[tuple(full[: j + 1])] = row
+            while len(self._memo) > self._max_rows:
+                self._memo.popitem(last=False)
+        out = np.stack([self._memo[k] for k in keys])
+        for k in keys:
+            self._memo.move_to_end(k)
+        self.tokens = full
+        return out
+
+    def reference_logits(self, ids) -> np.ndarray:
+        return self.lm.reference_logits(ids)
+
+
+def wrong_verify(draft_tokens, draft_probs, target_probs, rng):
+    """A deliberately wrong verifier for negative controls: resamples from p, not max(0, p - q)."""
+    from .verify import Verdict, acceptance_probability, sample
+    for i, tok in enumerate(draft_tokens):
+        if rng.random() >= acceptance_probability(target_probs[i, tok], draft_probs[i, tok]):
+            return Verdict(i, sample(target_probs[i], rng), False)
+    return Verdict(len(draft_tokens), sample(target_probs[-1], rng), True)
+
+
+@dataclass
+class DistributionResult:
+    p_value: float      # Bonferroni-adjusted over prefixes and K
+    tv: float           # largest total variation distance seen
+    tv_bound: float     # its sampling-error bound
+    samples: int
+    tests: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"p_value": self.p_value, "tv": self.tv, "tv_bound": self.tv_bound, "samples": self.samples,
+                "tests": self.tests}
+
+
+def memoized_generator(bundle_dir: str, drafter: str, provider: str = "cpu", threads: int | None = None):
+    from .generator import SpeculativeGenerator
+    gen = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafter, threads=threads, verify="none")
+    gen.target = MemoLM(gen.target)
+    if getattr(gen.drafter, "lm", None) is not None:
+        gen.drafter.lm = MemoLM(gen.drafter.lm)
+    return gen
+
+
+def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma: int, samples: int,
+                       ks: Sequence[int] = (1, 2), seed: int = 0, alpha: float = 1e-3, progress=None) -> DistributionResult:
+    """First-K-token distribution of full speculative rounds vs the exact target-only distribution."""
+    from .stats import pooled_chi_square, tv_sampling_bound
+    k_max = max(ks)
+    pipe = LogitsPipeline(SamplingConfig(do_sample=True, **sampling), gen.vocab_size)
+    per_prefix = max(1, samples // len(prefixes))
+    tests, p_values = [], []
+    for pi, prefix in enumerate(prefixes):
+        seqs = []
+        for i in range(per_prefix):
+            res = gen.generate(input_ids=prefix, max_new_tokens=max(k_max, gamma + 1), do_sample=True,
+                               seed=seed * 1_000_003 + pi * 100_003 + i, num_draft_tokens=gamma,
+                               eos_token_id=[], **sampling)
+            seqs.append(tuple(res.token_ids[:k_max]))
+            if progress and (i + 1) % 500 == 0:
+                progress(pi * per_prefix + i + 1, per_prefix * len(prefixes))
+        target = gen.target.lm if isinstance(gen.target, MemoLM) else gen.target
+
+        def probs_after(extra: list[int]) -> np.ndarray:
+            ctx = list(prefix) + extra
+            return pipe.probs(target.reference_logits(ctx)[-1:], ctx)[0]
+
+        p1 = probs_after([])
+        for k in ks:
+            if k == 1:
+                counts = np.bincount([s[0] for s in seqs], minlength=p1.size).astype(np.float64)
+                exact = p1
+            else:  # k == 2: blocks for heavy first tokens, one pooled cell for the rest
+                heavy = [int(x) for x in np.nonzero(p1 * per_prefix >= 5)[0]]
+                index = {x: j for j, x in enumerate(heavy)}
+                exact_parts = [p1[x] * probs_after([x]) for x in heavy] + [np.array([1 - p1[heavy].sum()])]
+                exact = np.concatenate(exact_parts)
+                counts = np.zeros_like(exact)
+                for s in seqs:
+                    j = index.get(s[0])
+                    counts[j * p1.size + s[1] if j is not None else -1] += 1
+            p, cells, tv = pooled_chi_square(counts, exact)
+            tests.append({"prefix": pi, "k": k, "p_value": p, "tv": tv,
+                          "tv_bound": tv_sampling_bound(cells, per_prefix), "cells": cells})
+            p_values.append(p)
+    worst = max(tests, key=lambda t: t["tv"] - t["tv_bound"])
+    adjusted = min(1.0, min(p_values) * len(p_values))
+    return DistributionResult(adjusted, worst["tv"], worst["tv_bound"], per_prefix * len(prefixes), tests)
+
+
+def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[int], sampling: dict,
+               samples: int = 20_000, seed: int = 0, prefixes: int = 2, ks: Sequence[int] = (1, 2),
+               drafter: str | None = None, max_new_tokens: int = 32, alpha: float = 1e-3,
+               provider: str = "cpu", threads: int | None = None, configure=None, progress=None) -> dict:
+    """The whole certificate: greedy equality, distribution test, and its negative control.
+
+    ``configure(generator)`` may alter the generator under test before the
+    distribution check (the tests use it to plant bugs the check must catch).
+    """
+    from .bundle import load_bundle
+    bundle = load_bundle(bundle_dir)
+    drafter = drafter or ("model" if bundle.draft is not None else "prompt_lookup")
+    say = progress or (lambda *_: None)
+    say("greedy check")
+    greedy = greedy_check(bundle_dir, prompts, gammas, drafters=(drafter,), max_new_tokens=max_new_tokens,
+                          repetition_penalty=sampling.get("repetition_penalty", 1.0), provider=provider,
+                          threads=threads)
+    gen = memoized_generator(bundle_dir, drafter, provider, threads)
+    if configure is not None:
+        configure(gen)
+    gamma = max(gammas)
+    chosen = list(prompts[:prefixes])
+    say("distribution check")
+    dist = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed, alpha)
+    say("negative control")
+    gen._sampled_verify = wrong_verify
+    control = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed + 1, alpha)
+    rejected = control.p_value < alpha
+    if greedy.mismatches or dist.p_value < alpha:
+        verdict = "fail"
+    elif not rejected:
+        verdict = "inconclusive"
+    else:
+        verdict = "pass"
+    return {"verdict": verdict, "bundle": str(bundle_dir), "drafter": drafter, "num_draft_tokens": list(gammas),
+            "sampling": sampling, "alpha": alpha, "greedy": greedy.to_dict(), "distribution": dist.to_dict(),
+            "negative_control": {"p_value": control.p_value, "rejected": rejected, "tv": control.tv,
+                                 "verifier": "resamples from p instead of the residual"}}
+
+
+def format_verify(r: dict) -> str:
+    g, d, c = r["greedy"], r["distribution"], r["negative_control"]
+    lines = [f"ortspec verify {r['bundle']} (drafter {r['drafter']}, gamma {r['num_draft_tokens']})",
+             f"  greedy: {g['runs']} runs over {g['prompts']} prompts: {g['mismatches']} mismatches, "
+             f"{g['near_ties']} near-ties (top-2 margin < 1e-4)"]
+    for dv in g["divergences"][:5]:
+        kind = "near-tie" if dv["near_tie"] else "MISMATCH"
+        lines.append(f"    {kind}: prompt {dv['prompt_index']} gamma {dv['gamma']} position {dv['position']}: "
+                     f"target {dv['target_token']} vs speculative {dv['speculative_token']} (margin {dv['margin']:.2e})")
+    lines.append(f"  distribution ({d['samples']} samples, {r['sampling']}): p = {d['p_value']:.3g}, "
+                 f"TV = {d['tv']:.4f} (sampling bound {d['tv_bound']:.4f})")
+    lines.append(f"  negative control ({c['verifier']}): p = {c['p_value']:.3g} -> "
+                 + ("rejected, so the test can detect a wrong rule" if c["rejected"] else "NOT rejected: the test lacks power"))
+    lines.append({"pass": "verdict: PASS - output is distributed as the target's on this machine",
+                  "fail": "verdict: FAIL - speculative output differs from the target's",
+                  "inconclusive": "verdict: INCONCLUSIVE - increase --samples"}[r["verdict"]])
+    return "\n".join(lines)

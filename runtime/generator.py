@@ -141,6 +141,8 @@ class SpeculativeGenerator:
         widths = [bundle.target.vocab_size] + ([bundle.draft.vocab_size] if bundle.draft else [])
         self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
         self._lock = threading.Lock()
+        self._profile: dict | None = None
+        self._sampled_verify = sampled_verify  # replaceable only by exactness checks (negative controls)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -173,8 +175,15 @@ class SpeculativeGenerator:
         return cls(bundle, target, impl, codec, disabled)
 
     def profile(self) -> dict | None:
-        """Calibrated costs and acceptance for "auto", when a profile was stored."""
-        return None
+        """This machine's calibrated step costs for the bundle (measured once, then read from disk)."""
+        if self._profile is None:
+            from .calibrate import load_profile, measure, save_profile
+            provider = self.target.provider
+            self._profile = load_profile(self.bundle.root, provider)
+            if self._profile is None:
+                self._profile = measure(self.target, getattr(self.drafter, "lm", None))
+                save_profile(self.bundle.root, provider, self._profile)
+        return self._profile
 
     # -- public API ---------------------------------------------------------
     def generate(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, **kwargs) -> Result:
@@ -273,7 +282,7 @@ class SpeculativeGenerator:
         if sampling:
             target_probs = pipe.probs(rows, committed, draft.tokens)
             draft_probs = draft.probs if draft.tokens else np.zeros((0, pipe.vocab_size))
-            return sampled_verify(draft.tokens, draft_probs, target_probs, rng)
+            return self._sampled_verify(draft.tokens, draft_probs, target_probs, rng)
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 
     def _sync_drafter(self, committed) -> None:

@@ -1,0 +1,212 @@
+"""`ortspec bench`: speculative vs target-only decoding, interleaved in one process.
+
+For every prompt (and repeat) the baseline (drafter "none") and every draft
+length run back to back in a rotating order, so machine noise hits all
+settings alike. Speedup is the median over prompts of (setting tokens/s /
+baseline tokens/s on the same prompt). The ideal speedup is what the cost
+model predicts from the measured per-position acceptance and the calibrated
+step costs; efficiency = measured / ideal shows what the runtime loses.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .calibrate import load_profile, machine, measure, save_profile
+from .costmodel import best_gamma, predicted_speedup
+from .generator import SpeculativeGenerator, Stats
+
+
+@dataclass
+class _Acc:
+    """Accumulated measurements of one setting."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    proposed_at: list = field(default_factory=list)
+    accepted_at: list = field(default_factory=list)
+    latencies: list = field(default_factory=list)
+    per_prompt: list = field(default_factory=list)
+
+    def add(self, s: Stats, prompt_id: str) -> None:
+        self.tokens += s.new_tokens
+        self.seconds += s.total_time_s
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.rounds += s.rounds
+        self.target_s += s.target_time_s
+        self.draft_s += s.draft_time_s
+        for i, (p, a) in enumerate(zip(s.proposed_at, s.accepted_at)):
+            while len(self.proposed_at) <= i:
+                self.proposed_at.append(0)
+                self.accepted_at.append(0)
+            self.proposed_at[i] += p
+            self.accepted_at[i] += a
+        for t, n in zip(s.round_times_s, s.round_tokens):
+            self.latencies.extend([t / n] * n)
+        self.per_prompt.append({"prompt": prompt_id, "tokens": s.new_tokens, "tokens_per_s": s.tokens_per_s,
+                                "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round})
+
+    def alphas(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+
+def load_prompts(path: Path) -> list[dict]:
+    items = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n} is not JSON ({exc}); each line must be {{\"prompt\": ...}}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise ValueError(f"{path}:{n} has no non-empty \"prompt\" string")
+        items.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"]})
+    if not items:
+        raise ValueError(f"{path} holds no prompts")
+    return items
+
+
+def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "model", max_new_tokens: int = 128,
+              repeat: int = 1, chat: bool | None = None, provider: str = "cpu", threads: int | None = None,
+              calibrate: bool = False, sampling: dict | None = None, progress=None) -> dict:
+    sampling = dict(sampling or {})
+    base = SpeculativeGenerator.load(bundle, provider=provider, drafter="none", threads=threads, verify="none")
+    spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none")
+    if chat is None:
+        chat = bool(base.codec and base.codec.chat_template)
+    lm = getattr(spec.drafter, "lm", None)
+    profile = None if calibrate else load_profile(spec.bundle.root, provider)
+    if profile is None or (lm is not None and "draft_cost" not in profile):
+        if progress:
+            progress("calibrating step costs")
+        profile = measure(spec.target, lm)
+        save_profile(spec.bundle.root, provider, profile)
+    spec._profile = profile
+    encode = (lambda p: base.codec.encode(p, chat=chat)) if base.codec else None
+    if encode is None:
+        raise ValueError("this bundle has no tokenizer; bench needs text prompts")
+    settings = ["none"] + list(gammas)
+    accs = {str(s): _Acc() for s in settings}
+    warm = encode(prompts[0]["prompt"])
+    base.generate(input_ids=warm, max_new_tokens=8)
+    spec.generate(input_ids=warm, max_new_tokens=8, num_draft_tokens=gammas[0])
+    total, done, t0 = len(prompts) * repeat * len(settings), 0, time.perf_counter()
+    ratios: dict[str, list] = {str(g): [] for g in gammas}
+    for r in range(repeat):
+        for k, item in enumerate(prompts):
+            ids = encode(item["prompt"])
+            order = settings[(k + r) % len(settings):] + settings[:(k + r) % len(settings)]
+            tps = {}
+            for s in order:
+                gen = base if s == "none" else spec
+                kw = {} if s == "none" else {"num_draft_tokens": s}
+                res = gen.generate(input_ids=ids, max_new_tokens=max_new_tokens, seed=r, **sampling, **kw)
+                accs[str(s)].add(res.stats, item["id"])
+                tps[str(s)] = res.stats.tokens_per_s
+                done += 1
+                if progress:
+                    eta = (time.perf_counter() - t0) / done * (total - done)
+                    progress(f"{done}/{total} runs, ETA {eta:.0f} s")
+            for g in gammas:
+                ratios[str(g)].append(tps[str(g)] / tps["none"] if tps["none"] else 0.0)
+    return _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat, sampling, provider)
+
+
+def _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat, sampling, provider) -> dict:
+    b = accs["none"]
+    costs = profile["target_costs"]
+    draft_cost = 0.0 if drafter != "model" else float(profile.get("draft_cost", 0.0))
+
+    def split(a: _Acc) -> dict:
+        t = a.seconds or 1.0
+        return {"target": a.target_s / t, "draft": a.draft_s / t, "overhead": max(0.0, 1 - (a.target_s + a.draft_s) / t)}
+
+    def latency(a: _Acc) -> dict:
+        lat = np.asarray(a.latencies) * 1000 if a.latencies else np.zeros(1)
+        return {f"p{q}_ms": float(np.percentile(lat, q)) for q in (50, 95, 99)}
+
+    rows = []
+    for g in gammas:
+        a = accs[str(g)]
+        alphas = a.alphas()
+        if g == "auto":
+            ideal = best_gamma(alphas or [0.0], draft_cost, costs, max(1, len(alphas)))[1]
+        else:
+            ideal = predicted_speedup(alphas, int(g), draft_cost, costs)
+        speedup = statistics.median(ratios[str(g)]) if ratios[str(g)] else 0.0
+        rows.append({"drafter": drafter, "num_draft_tokens": g, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0,
+                     "speedup": speedup, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
+                     "per_position_acceptance": alphas, "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
+                     "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal else 0.0,
+                     "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt})
+    return {"bundle": str(bundle), "machine": dict(machine(), provider=provider),
+            "config": {"max_new_tokens": max_new_tokens, "chat": chat, "sampling": sampling, "prompts": len(b.per_prompt)},
+            "profile": {"draft_cost_s": draft_cost, "target_costs_s": costs},
+            "baseline": {"tokens_per_s": b.tokens / b.seconds if b.seconds else 0.0, "time_split": split(b),
+                         "latency": latency(b), "per_prompt": b.per_prompt},
+            "settings": rows}
+
+
+def format_table(report: dict) -> str:
+    head = (f"{'setting':<16}{'tok/s':>8}{'speedup':>9}{'ideal':>7}{'eff':>6}{'accept':>8}{'tok/rnd':>8}"
+            f"{'draft%':>7}{'target%':>8}{'other%':>7}{'p50ms':>7}{'p95ms':>7}{'p99ms':>7}")
+    lines = [head, "-" * len(head)]
+    b = report["baseline"]
+    lines.append(f"{'target only':<16}{b['tokens_per_s']:>8.1f}{1.0:>9.2f}{'':>7}{'':>6}{'':>8}{1.0:>8.2f}"
+                 f"{0:>7.0%}{b['time_split']['target']:>8.0%}{b['time_split']['overhead']:>7.0%}"
+                 f"{b['latency']['p50_ms']:>7.1f}{b['latency']['p95_ms']:>7.1f}{b['latency']['p99_ms']:>7.1f}")
+    for r in report["settings"]:
+        name = f"{r['drafter']} g={r['num_draft_tokens']}"
+        t = r["time_split"]
+        lines.append(f"{name:<16}{r['tokens_per_s']:>8.1f}{r['speedup']:>9.2f}{r['ideal_speedup']:>7.2f}"
+                     f"{r['efficiency']:>6.2f}{r['acceptance_rate']:>8.0%}{r['mean_tokens_per_round']:>8.2f}"
+                     f"{t['draft']:>7.0%}{t['target']:>8.0%}{t['overhead']:>7.0%}"
+                     f"{r['latency']['p50_ms']:>7.1f}{r['latency']['p95_ms']:>7.1f}{r['latency']['p99_ms']:>7.1f}")
+    for r in report["settings"]:
+        acc = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
+        lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install 'ortspec[bench]'") from None
+    rows = [r for r in report["settings"] if r["num_draft_tokens"] != "auto"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    g = [r["num_draft_tokens"] for r in rows]
+    ax1.plot(g, [r["speedup"] for r in rows], "o-", label="measured")
+    ax1.plot(g, [r["ideal_speedup"] for r in rows], "s--", label="cost model (ideal)")
+    for r in report["settings"]:
+        if r["num_draft_tokens"] == "auto":
+            ax1.axhline(r["speedup"], color="gray", ls=":", label="auto (measured)")
+    ax1.axhline(1.0, color="black", lw=0.8)
+    ax1.set_xlabel("draft tokens per round (gamma)")
+    ax1.set_ylabel("speedup vs target only")
+    ax1.legend()
+    for r in report["settings"]:
+        acc = r["per_position_acceptance"]
+        ax2.plot(range(1, len(acc) + 1), acc, "o-", label=f"gamma={r['num_draft_tokens']}")
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("P(accepted | reached)")
+    ax2.set_ylim(0, 1.05)
+    ax2.legend(fontsize=7)
+    fig.suptitle(Path(report["bundle"]).name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

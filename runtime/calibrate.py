@@ -1,0 +1,85 @@
+"""Calibration: measure this machine's step costs for a bundle and keep them as a profile.
+
+C_d is one draft step (one token after a context of ``context`` tokens) and
+C_t(k) one target pass over k tokens after the same context, k = 1..max_k.
+Profiles live next to the bundle in ``ortspec-profile.json``, keyed by
+execution provider and host, and seed the "auto" draft-length controller.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_FILE = "ortspec-profile.json"
+
+
+def profile_key(provider: str) -> str:
+    return f"{provider}@{socket.gethostname()}"
+
+
+def _timed(lm, context: list[int], k: int, reps: int) -> float:
+    samples = []
+    feed = [int(t) for t in np.random.default_rng(k).integers(3, 100, k)]
+    for _ in range(reps):
+        lm.rollback(len(context))
+        t0 = time.perf_counter()
+        lm.forward(feed)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 5) -> dict:
+    """Median step costs (seconds) at a fixed context length, target and draft interleaved."""
+    ctx = [int(t) for t in np.random.default_rng(0).integers(3, 100, context)]
+    for lm in filter(None, (target, draft)):
+        lm.prefill(ctx)
+        _timed(lm, ctx, 1, 2)  # warm-up
+    costs = [_timed(target, ctx, k, reps) for k in range(1, max_k + 1)]
+    out = {"target_costs": costs, "context": context, "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": machine()}
+    if draft is not None:
+        out["draft_cost"] = _timed(draft, ctx, 1, reps)
+    for lm in filter(None, (target, draft)):
+        lm.reset()
+    return out
+
+
+def machine() -> dict:
+    import onnxruntime as ort
+    import os
+    return {"host": socket.gethostname(), "platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__}
+
+
+def load_profile(bundle_dir: Path, provider: str) -> dict | None:
+    path = Path(bundle_dir) / PROFILE_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = data.get(profile_key(provider)) if isinstance(data, dict) else None
+    if not isinstance(entry, dict) or not entry.get("target_costs"):
+        return None
+    return entry
+
+
+def save_profile(bundle_dir: Path, provider: str, profile: dict) -> bool:
+    """Store a profile; False (and nothing written) when the bundle directory is read-only."""
+    path = Path(bundle_dir) / PROFILE_FILE
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        if not isinstance(data, dict):
+            data = {}
+        data[profile_key(provider)] = profile
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+        return True
+    except (OSError, ValueError):
+        return False

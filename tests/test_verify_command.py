@@ -1,0 +1,96 @@
+"""`ortspec verify`: passes on a correct pair, fails on planted bugs, and says when it lacks power."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ortspec.drafters import Draft
+from ortspec.exactness import run_verify, wrong_verify
+
+PROMPTS = [[1, 5, 9, 5], [1, 7, 3, 3, 8]]
+
+
+def verify(bundle, samples=3000, configure=None, **sampling):
+    return run_verify(str(bundle), PROMPTS, [1, 3], sampling, samples=samples, prefixes=2, max_new_tokens=12,
+                      configure=configure)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_k=6),
+                                      dict(top_p=0.85, repetition_penalty=1.3)])
+def test_passes_on_a_correct_pair(small_bundle, sampling):
+    r = verify(small_bundle, **sampling)
+    assert r["verdict"] == "pass", r
+    assert r["greedy"]["mismatches"] == 0 and r["greedy"]["runs"] == 4
+    assert r["negative_control"]["rejected"]
+    assert r["distribution"]["tv"] <= r["distribution"]["tv_bound"]
+
+
+def test_fails_with_an_injected_wrong_verifier(small_bundle):
+    r = verify(small_bundle, configure=lambda gen: setattr(gen, "_sampled_verify", wrong_verify))
+    assert r["verdict"] == "fail" and r["distribution"]["p_value"] < 1e-3
+
+
+def test_fails_when_the_draft_reports_a_different_q(small_bundle):
+    def report_unprocessed_q(gen):
+        original = gen.drafter.propose
+
+        def propose(committed, gamma, pipeline, sampling, rng):
+            d = original(committed, gamma, pipeline, sampling, rng)
+            if d.probs is None:
+                return d
+            flat = np.sqrt(d.probs)  # not the distribution the tokens were drawn from
+            return Draft(d.tokens, flat / flat.sum(axis=1, keepdims=True))
+        gen.drafter.propose = propose
+    r = verify(small_bundle, configure=report_unprocessed_q, temperature=0.6)
+    assert r["verdict"] == "fail"
+
+
+@pytest.fixture(scope="module")
+def close_pair(workdir, hf_models):
+    """The small target drafted by its own INT8 copy: nearly every draft passes."""
+    from ortspec.export import export_bundle
+    return export_bundle(target=str(hf_models["small_target"]), draft="self", draft_quant="int8",
+                         out=workdir / "b_small_int8", progress=None)
+
+
+def test_inconclusive_with_too_few_samples(close_pair):
+    r = verify(close_pair, samples=100)
+    assert r["verdict"] == "inconclusive" and not r["negative_control"]["rejected"]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "ortspec.cli", "verify", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_cli_json_and_exit_code(small_bundle, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w2 w6 w2"}\n{"prompt": "w4 w0 w0 w5"}\n')
+    proc = cli(small_bundle, "--samples", 3000, "--json", "--num-draft-tokens", "2", "--greedy-tokens", 8,
+               "--prompts", prompts, "--no-chat")
+    assert proc.returncode in (0, 2), proc.stderr  # pass, or inconclusive on these short prefixes
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == {0: "pass", 2: "inconclusive"}[proc.returncode]
+    assert set(report) >= {"verdict", "greedy", "distribution", "negative_control"}
+    assert set(report["distribution"]) >= {"p_value", "tv", "tv_bound", "samples"}
+
+
+def test_cli_bundle_without_tokenizer_needs_ids_file(ids_bundle, tmp_path):
+    proc = cli(ids_bundle, "--samples", 200)
+    assert proc.returncode == 2 and "--input-ids-file" in proc.stderr
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"input_ids": [1, 5, 6, 5, 6]}) + "\n")
+    proc = cli(ids_bundle, "--samples", 200, "--input-ids-file", ids, "--prefixes", 1, "--json")
+    assert proc.returncode in (0, 2), proc.stderr
+    assert json.loads(proc.stdout)["drafter"] == "prompt_lookup"  # no draft model in this bundle
+
+
+@pytest.mark.parametrize("flag", [["--temperature", "-1"], ["--top-p", "0"], ["--top-k", "-2"], ["--k", "3"]])
+def test_cli_refuses_bad_settings_before_work(small_bundle, flag):
+    proc = cli(small_bundle, *flag)
+    assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
+    assert "[ortspec verify] greedy" not in proc.stderr

@@ -52,6 +52,8 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
+        if not isinstance(d, dict):
+            raise BundleError(f"manifest entry models.{role} is not an object; re-export the bundle")
         try:
             spec = cls(
                 path=str(d["path"]), data=d.get("data"), architecture=str(d["architecture"]),
@@ -68,9 +70,16 @@ class ModelSpec:
                 kv_cache=str(d.get("kv_cache", "concat")), seqlens_k=d.get("seqlens_k"),
                 total_sequence_length=d.get("total_sequence_length"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest entry models.{role} is malformed ({exc!r}); "
                               "re-export the bundle with `ortspec export`") from None
+        names = [spec.input_ids, spec.logits, spec.path] + [n for p in spec.kv_inputs + spec.kv_outputs for n in p]
+        optional = [spec.data, spec.attention_mask, spec.position_ids, spec.seqlens_k, spec.total_sequence_length,
+                    spec.tokenizer]
+        if not all(isinstance(n, str) and n for n in names) or not all(o is None or isinstance(o, str) for o in optional):
+            raise BundleError(f"manifest entry models.{role} has a name or path that is not a string; re-export")
+        if spec.quantization is not None and not isinstance(spec.quantization, dict):
+            raise BundleError(f"manifest entry models.{role}.quantization is malformed; re-export")
         if spec.num_layers < 1 or len(spec.kv_inputs) != spec.num_layers or len(spec.kv_outputs) != spec.num_layers:
             raise BundleError(f"models.{role}: num_layers={spec.num_layers} but {len(spec.kv_inputs)} KV input "
                               f"pairs and {len(spec.kv_outputs)} output pairs; re-export the bundle")
@@ -131,7 +140,7 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 def safe_path(root: Path, rel: str) -> Path:
     """Resolve a manifest path, refusing anything that leaves the bundle."""
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or "\\" in rel:
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or "\\" in rel or "\0" in rel:
         raise BundleError(f"manifest path {rel!r} must be a relative path inside the bundle")
     if any(part == ".." for part in Path(rel).parts):
         raise BundleError(f"manifest path {rel!r} escapes the bundle directory ('..' is not allowed)")
@@ -174,7 +183,7 @@ def load_bundle(root: str | os.PathLike, verify: str = "full") -> Bundle:
         raise BundleError(f"bundle format version {version!r} is not supported by this ortspec "
                           f"(supports {FORMAT_VERSION}); re-export it or upgrade ortspec")
     models = manifest.get("models")
-    if not isinstance(models, dict) or "target" not in models:
+    if not isinstance(models, dict) or not models.get("target"):
         raise BundleError(f"{mpath} has no models.target entry; re-export the bundle")
     target = ModelSpec.from_dict(models["target"], "target")
     draft = ModelSpec.from_dict(models["draft"], "draft") if models.get("draft") else None
@@ -182,6 +191,8 @@ def load_bundle(root: str | os.PathLike, verify: str = "full") -> Bundle:
         if spec is not None:
             _check_files(root, role, spec, verify)
     tok = manifest.get("tokenizer") or None
+    if tok is not None and not isinstance(tok, dict):
+        raise BundleError(f"{mpath}: the tokenizer entry is malformed; re-export the bundle")
     tokenizer_file = None
     tok_config: dict = {}
     gen_config: dict = {}

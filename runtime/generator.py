@@ -149,6 +149,8 @@ class SpeculativeGenerator:
     def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str = "model",
              threads: int | None = None, verify: str = "full") -> "SpeculativeGenerator":
         """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none"."""
+        if not isinstance(bundle_dir, (str, os.PathLike)):
+            raise ValueError(f"bundle_dir must be a path, got {type(bundle_dir).__name__}")
         drafter = drafter.replace("-", "_") if isinstance(drafter, str) else drafter
         if drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
@@ -164,6 +166,8 @@ class SpeculativeGenerator:
         if drafter == "model":
             try:
                 impl = ModelDrafter(CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads))
+            except BundleError:
+                raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
             except Exception as exc:
                 warnings.warn(f"draft model failed to load ({exc}); decoding with the target alone",
                               RuntimeWarning, stacklevel=2)

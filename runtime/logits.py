@@ -61,6 +61,8 @@ class LogitsPipeline:
 
     def greedy(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """Greedy choice per row: argmax of processed scores, lowest index on ties."""
+        if self.config.repetition_penalty == 1.0 and not self.config.bad_words_ids:
+            return np.argmax(logits[:, : self.vocab_size], axis=1)  # float32 -> float64 keeps the order
         return np.argmax(self.scores(logits, base, new), axis=1)
 
     # -- warpers (sampling) -----------------------------------------------

@@ -97,6 +97,8 @@ class CausalLM:
         self._empty = self._buffers(0)
         self._past: list = list(self._empty)   # static: the shared buffers; concat: last presents
         self._stored = 0                       # concat: positions held; static: buffer capacity
+        self._binding = None                   # static: IO binding with the KV buffers already bound
+        self._logits_out: dict[int, np.ndarray] = {}  # host buffers the logits are written into, by length
         self.run_time_s = 0.0
         self.reset()
 
@@ -119,7 +121,7 @@ class CausalLM:
         step = self.RESERVE_STEP
         size = min(self.capacity, -(-positions // step) * step)
         if not self.length:
-            self._past, self._stored = self._buffers(size), size
+            self._past, self._stored, self._binding = self._buffers(size), size, None
             return
         fresh = []  # rare: one copy of the valid prefix (through the host on a GPU)
         for old in self._past:
@@ -127,6 +129,7 @@ class CausalLM:
             data[:, :, :self.length] = old.numpy()[:, :, :self.length]
             fresh.append(ort.OrtValue.ortvalue_from_numpy(data, self.device, 0))
         self._past, self._stored = fresh, size
+        self._binding = None  # rebind the new buffers on the next call
 
     @property
     def length(self) -> int:
@@ -160,7 +163,9 @@ class CausalLM:
                 "shorten the prompt or lower max_new_tokens")
         if self.static:
             self.reserve(start + len(ids))
-            logits, _ = self._run(ids, start, self._past)
+            if self._binding is None:
+                self._binding = self._bind_static(self._past)
+            logits, _ = self._run(ids, start, self._past, self._binding)
             self.tokens = self.tokens + ids
             return logits
         past = self._trimmed(start)
@@ -175,16 +180,22 @@ class CausalLM:
         logits, _ = self._run(ids, 0, self._buffers(len(ids)) if self.static else self._empty)
         return logits
 
-    def _run(self, ids: list[int], start: int, past: list) -> tuple[np.ndarray, list]:
+    def _bind_static(self, buffers: list):
+        """An IO binding with every layer's K/V buffer bound as both past input and present output."""
+        b = self.session.io_binding()
+        for name_in, name_out, value in zip(self._kv_in, self._kv_out, buffers):
+            b.bind_ortvalue_input(name_in, value)
+            b.bind_ortvalue_output(name_out, value)  # written in place
+        return b
+
+    def _run(self, ids: list[int], start: int, past: list, binding=None) -> tuple[np.ndarray, list]:
         spec = self.spec
         total = start + len(ids)
-        b = self.session.io_binding()
-        feeds = {spec.input_ids: np.asarray([ids], dtype=np.int64)}
         if self.static:
-            feeds[spec.seqlens_k] = np.array([total - 1], dtype=np.int32)
-            feeds[spec.total_sequence_length] = np.array(total, dtype=np.int32)
-        else:
-            feeds[spec.attention_mask] = np.ones((1, total), dtype=np.int64)
+            return self._run_static(ids, total, binding or self._bind_static(past)), past
+        b = self.session.io_binding()
+        feeds = {spec.input_ids: np.asarray([ids], dtype=np.int64),
+                 spec.attention_mask: np.ones((1, total), dtype=np.int64)}
         if spec.position_ids:
             feeds[spec.position_ids] = np.arange(start, total, dtype=np.int64)[None, :]
         for name, arr in feeds.items():
@@ -192,11 +203,8 @@ class CausalLM:
         for name, value in zip(self._kv_in, past):
             b.bind_ortvalue_input(name, value)
         b.bind_output(spec.logits, "cpu")
-        for name, value in zip(self._kv_out, past):
-            if self.static:
-                b.bind_ortvalue_output(name, value)  # written in place
-            else:
-                b.bind_output(name, self.device, 0)
+        for name in self._kv_out:
+            b.bind_output(name, self.device, 0)
         t0 = time.perf_counter()
         try:
             self.session.run_with_iobinding(b)
@@ -208,7 +216,27 @@ class CausalLM:
         logits = out[0].numpy()[0]
         if logits.dtype != np.float32:
             logits = logits.astype(np.float32)
-        return logits, (past if self.static else list(out[1:]))
+        return logits, list(out[1:])
+
+    def _run_static(self, ids: list[int], total: int, b) -> np.ndarray:
+        """One call of a static-cache graph: only ids, lengths and the logits buffer are (re)bound."""
+        spec = self.spec
+        b.bind_cpu_input(spec.input_ids, np.asarray([ids], dtype=np.int64))
+        b.bind_cpu_input(spec.seqlens_k, np.array([total - 1], dtype=np.int32))
+        b.bind_cpu_input(spec.total_sequence_length, np.array(total, dtype=np.int32))
+        out = self._logits_out.get(len(ids))
+        if out is None:
+            out = np.empty((1, len(ids), spec.vocab_size), dtype=_NP[spec.dtype])
+            self._logits_out[len(ids)] = out
+        b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+        t0 = time.perf_counter()
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as exc:
+            raise ModelRunError(f"onnxruntime failed running {spec.path}: {exc}") from None
+        finally:
+            self.run_time_s += time.perf_counter() - t0
+        return out[0].astype(np.float32) if out.dtype != np.float32 else out[0].copy()
 
     def _trimmed(self, length: int) -> list:
         """The cache tensors cut to ``length`` positions (device-side Slice)."""

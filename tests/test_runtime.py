@@ -225,16 +225,26 @@ def test_draft_returning_garbage_is_never_committed(pair_bundle, baselines):
 
 
 def test_draft_that_fails_to_load_is_disabled(tmp_path, pair_bundle, baselines):
+    import shutil
+    b = tmp_path / "b"
+    shutil.copytree(pair_bundle, b)
+    graph = b / "draft" / "model.onnx"
+    graph.write_bytes(graph.read_bytes()[: graph.stat().st_size // 2])  # onnxruntime cannot parse it
+    with pytest.warns(RuntimeWarning, match="failed to load"):
+        gen = SpeculativeGenerator.load(b, verify="none")
+    res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
+    assert res.token_ids == baselines[tuple(PROMPTS[0])] and res.stats.draft_disabled
+
+
+def test_draft_whose_manifest_misnames_its_graph_is_refused(tmp_path, pair_bundle):
     import shutil, json
     b = tmp_path / "b"
     shutil.copytree(pair_bundle, b)
     m = json.loads((b / "ortspec.json").read_text())
     m["models"]["draft"]["kv_inputs"][0][0] = "no_such_input"
     (b / "ortspec.json").write_text(json.dumps(m))
-    with pytest.warns(RuntimeWarning, match="failed to load"):
-        gen = SpeculativeGenerator.load(b)
-    res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
-    assert res.token_ids == baselines[tuple(PROMPTS[0])] and res.stats.draft_disabled
+    with pytest.raises(BundleError, match="no_such_input"):
+        SpeculativeGenerator.load(b)
 
 
 def test_target_failure_raises_and_generator_stays_usable(pair_bundle, baselines):

@@ -18,7 +18,6 @@ from .errors import BundleError, IncompatibleModelsError
 MANIFEST = "ortspec.json"
 FORMAT = "ortspec-bundle"
 FORMAT_VERSION = 1
-QUANT_METHODS = (None, "int8", "int4")
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model: hub id, model directory or .gguf file")
     p.add_argument("--draft", help="draft model (same kinds as --target), or 'self' for a quantized copy of the target")
-    p.add_argument("--draft-quant", choices=["int8", "int4"], help="quantize the draft weights")
-    p.add_argument("--target-quant", choices=["int8", "int4"], help="quantize the target weights")
+    p.add_argument("--draft-quant", choices=["int8", "int4", "int8w"],
+                   help="quantize the draft: int8 (dynamic), int4 (MatMulNBits 4-bit, block 32, symmetric), "
+                        "int8w (MatMulNBits 8-bit weights: most faithful cheap draft)")
+    p.add_argument("--target-quant", choices=["int8", "int4", "int8w"], help="quantize the target weights")
     p.add_argument("--recipe", help="a known pair from models/*.toml (e.g. smollm2-135m, qwen2.5-coder) or a .toml path; "
                                     "fetches the weights and fills in --target/--draft/--*-quant")
     p.add_argument("--graph", default="auto", choices=["auto", "fused", "optimum"],

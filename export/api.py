@@ -34,18 +34,23 @@ def _stderr(msg: str) -> None:
 def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
-                  progress: Progress | None = _stderr) -> Path:
+                  dtype: str = "fp32", progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
     graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama/Qwen2/Mistral),
     "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
+    dtype: "fp32", or "fp16" (fused graphs only; meant for the CUDA execution provider).
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
     _check_args(target, draft, draft_quant, target_quant)
     if graph not in ("auto", "fused", "optimum"):
         raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
+    if dtype not in ("fp32", "fp16"):
+        raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
+    if dtype == "fp16" and "int8" in (draft_quant, target_quant):
+        raise ValueError("int8 dynamic quantization needs fp32 weights; use int4 or int8w with fp16")
     out = Path(out).expanduser()
     _check_out(out, overwrite)
     describe(target)
@@ -58,7 +63,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, say)
+        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say)
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
         _publish(tmp, out)
@@ -128,14 +133,14 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
-           trust_remote_code: bool, graph: str, say: Progress) -> dict:
+           trust_remote_code: bool, graph: str, dtype: str, say: Progress) -> dict:
     say(f"loading target {target}")
     src = load_source(target, trust_remote_code)
     _check_disk(tmp, src.model, 2 + (draft is not None))
     kind = choose_graph(src.model, graph)
     say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to a {kind} ONNX graph")
     target_info = _model_facts(src)
-    fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target", kind)
+    fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target", kind, dtype)
     tok_info = _save_tokenizer(src, tmp) if src.tokenizer is not None else None
     if tok_info is None:
         say("the target ships no tokenizer: the bundle will take token ids only")
@@ -159,7 +164,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             draft_info = _model_facts(dsrc)
             dkind = choose_graph(dsrc.model, graph)
             say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
-            draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir, dkind)
+            draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir, dkind, dtype)
             d_tok = None
             if dsrc.tokenizer is not None:
                 dsrc.tokenizer.backend_tokenizer.save(str(tmp / "draft-tokenizer.json"))

@@ -49,12 +49,19 @@ def supports(model) -> str | None:
     return None
 
 
-def build_fused(model, out_dir: Path) -> Path:
-    """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path."""
+def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
+    """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path.
+
+    dtype "fp16" stores weights, activations, KV cache and logits in float16 (for CUDA).
+    """
     import onnx
     import torch
     from onnx import TensorProto, helper, numpy_helper
 
+    if dtype not in ("fp32", "fp16"):
+        raise ValueError(f"dtype must be fp32 or fp16, got {dtype!r}")
+    np_dtype = np.float16 if dtype == "fp16" else np.float32
+    elem = TensorProto.FLOAT16 if dtype == "fp16" else TensorProto.FLOAT
     reason = supports(model)
     if reason:
         raise ExportError(f"no fused graph for this model: {reason}; use --graph optimum")
@@ -71,14 +78,14 @@ def build_fused(model, out_dir: Path) -> Path:
 
     def init(name: str, arr: np.ndarray) -> str:
         """Write one weight straight to the data file (one tensor in memory at a time)."""
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        arr = np.ascontiguousarray(arr, dtype=np_dtype)
         if arr.nbytes < 1024:
             inits.append(numpy_helper.from_array(arr, name))
             return name
         data.write(b"\0" * ((-data.tell()) % 64))
         offset = data.tell()
         data.write(arr.tobytes())
-        tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(arr.shape),
+        tensor = onnx.TensorProto(name=name, data_type=elem, dims=list(arr.shape),
                                   data_location=onnx.TensorProto.EXTERNAL)
         for key, value in (("location", "model.onnx.data"), ("offset", str(offset)), ("length", str(arr.nbytes))):
             entry = tensor.external_data.add()
@@ -146,11 +153,11 @@ def build_fused(model, out_dir: Path) -> Path:
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
               helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence_length", vocab])]
+    outputs = [helper.make_tensor_value_info("logits", elem, [1, "sequence_length", vocab])]
     for i in range(layers):
         for kv in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", TensorProto.FLOAT, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", TensorProto.FLOAT, kv_shape))
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", elem, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", elem, kv_shape))
     graph = helper.make_graph(nodes, "ortspec_fused_decoder", inputs, outputs, inits)
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
                                                          helper.make_opsetid("com.microsoft", 1)])

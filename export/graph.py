@@ -28,11 +28,13 @@ def choose_graph(model, graph: str) -> str:
     return graph
 
 
-def export_model(model, out_dir: Path, graph: str = "auto") -> Path:
+def export_model(model, out_dir: Path, graph: str = "auto", dtype: str = "fp32") -> Path:
     """Write out_dir/model.onnx + model.onnx.data: the fused graph, or optimum's export consolidated."""
     if choose_graph(model, graph) == "fused":
         from .fused import build_fused
-        return build_fused(model, out_dir)
+        return build_fused(model, out_dir, dtype)
+    if dtype != "fp32":
+        raise ExportError("fp16 bundles need the fused graph (Llama/Qwen2/Mistral); export this model as fp32")
     from optimum.exporters.onnx import onnx_export_from_model
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -83,8 +83,8 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "mo
               repeat: int = 1, chat: bool | None = None, provider: str = "cpu", threads: int | None = None,
               calibrate: bool = False, sampling: dict | None = None, progress=None) -> dict:
     sampling = dict(sampling or {})
-    base = SpeculativeGenerator.load(bundle, provider=provider, drafter="none", threads=threads, verify="none")
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none")
+    base = spec.sibling("none")  # same target session: one copy of the weights in memory
     if chat is None:
         chat = bool(base.codec and base.codec.chat_template)
     lm = getattr(spec.drafter, "lm", None)

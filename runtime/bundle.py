@@ -234,9 +234,39 @@ def _check_files(root: Path, role: str, spec: ModelSpec, verify: str) -> None:
         if expected is not None and int(expected) != actual:
             raise BundleError(f"{role} file {rel} is {actual} bytes but the manifest says {expected} "
                               "(truncated or replaced); re-export the bundle")
-        if verify == "full" and sha256_file(path) != spec.sha256[name]:
-            raise BundleError(f"{role} file {rel} does not match its sha256 in the manifest "
-                              "(corrupted or modified); re-export the bundle")
+        if verify == "full" and not _known_good(root, rel, path, spec.sha256[name]):
+            if sha256_file(path) != spec.sha256[name]:
+                raise BundleError(f"{role} file {rel} does not match its sha256 in the manifest "
+                                  "(corrupted or modified); re-export the bundle")
+            _remember_good(root, rel, path, spec.sha256[name])
+
+
+VERIFIED = ".ortspec-verified.json"  # sha256 results keyed by file identity, to skip re-hashing
+
+
+def _identity(path: Path, digest: str) -> str:
+    st = path.stat()
+    return f"{digest}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def _known_good(root: Path, rel: str, path: Path, digest: str) -> bool:
+    try:
+        return json.loads((root / VERIFIED).read_text()).get(rel) == _identity(path, digest)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _remember_good(root: Path, rel: str, path: Path, digest: str) -> None:
+    """Record a verified file; silently skipped when the bundle is read-only."""
+    try:
+        memo = json.loads((root / VERIFIED).read_text()) if (root / VERIFIED).is_file() else {}
+        memo = memo if isinstance(memo, dict) else {}
+        memo[rel] = _identity(path, digest)
+        tmp = root / (VERIFIED + ".tmp")
+        tmp.write_text(json.dumps(memo))
+        tmp.replace(root / VERIFIED)
+    except (OSError, ValueError):
+        pass
 
 
 def vocab_difference(vocab_a: dict[str, int], vocab_b: dict[str, int]) -> str | None:

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused: onnxruntime contrib operators with an in-place KV cache (Llama/Qwen2/Mistral, "
                         "fastest); optimum: optimum's text-generation-with-past export (any architecture it "
                         "knows); auto (default): fused where supported")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"],
+                   help="weights/activations/KV cache precision; fp16 is for the CUDA provider (fused graphs only)")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -186,7 +188,7 @@ def cmd_export(args) -> int:
     if not kwargs["target"]:
         raise ValueError("pass --target SRC or --recipe NAME")
     out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,
-                        graph=getattr(args, "graph", "auto"), **kwargs)
+                        graph=getattr(args, "graph", "auto"), dtype=getattr(args, "dtype", "fp32"), **kwargs)
     if args.json:
         print((Path(out) / "ortspec.json").read_text())
     return 0

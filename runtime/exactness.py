@@ -51,9 +51,10 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
     """Compare speculative greedy output with target-only greedy output, token for token."""
     from .generator import SpeculativeGenerator
 
-    base = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter="none", threads=threads, verify="none")
-    gens = {d: SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=d, threads=threads, verify="none")
-            for d in drafters}
+    first = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafters[0], threads=threads,
+                                      verify="none")
+    base = first.sibling("none")  # one copy of the target in memory
+    gens = {d: first if d == drafters[0] else first.sibling(d) for d in drafters}
     pipe = LogitsPipeline(SamplingConfig(repetition_penalty=repetition_penalty), base.vocab_size)
     report = GreedyReport(prompts=len(prompts))
     kw = dict(max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty)

@@ -178,6 +178,24 @@ class SpeculativeGenerator:
             impl = NoDrafter()
         return cls(bundle, target, impl, codec, disabled)
 
+    def sibling(self, drafter: str) -> "SpeculativeGenerator":
+        """Another generator over the same loaded models (no second copy in memory) with another drafter.
+
+        Share it only within one thread: both use the same target cache.
+        """
+        drafter = drafter.replace("-", "_")
+        if drafter == "none":
+            impl = NoDrafter()
+        elif drafter == "prompt_lookup":
+            impl = PromptLookupDrafter()
+        elif drafter == "model" and getattr(self.drafter, "lm", None) is not None:
+            impl = ModelDrafter(self.drafter.lm)
+        else:
+            raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
+        twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
+        twin._profile = self._profile
+        return twin
+
     def profile(self) -> dict | None:
         """This machine's calibrated step costs for the bundle (measured once, then read from disk)."""
         if self._profile is None:

@@ -281,3 +281,20 @@ def test_import_ortspec_does_not_import_torch():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fp16_fused_bundle_tracks_fp32(workdir, hf_models, family_bundles):
+    from ortspec import SpeculativeGenerator
+    out = export_bundle(target=str(hf_models["qwen2"]), draft="self", draft_quant="int4", dtype="fp16",
+                        out=workdir / "qwen_fp16", progress=None)
+    b16, b32 = load_bundle(out), load_bundle(family_bundles[("qwen2", "fused")])
+    assert b16.target.dtype == "float16" and b16.draft.dtype == "float16"
+    ids = [1, 17, 5, 99, 42, 8, 63]
+    a = CausalLM(b16.target, str(b16.file(b16.target.path))).prefill(ids)
+    b = CausalLM(b32.target, str(b32.file(b32.target.path))).prefill(ids)
+    assert a.dtype == np.float32 and np.abs(a - b).max() < 0.05
+    spec = SpeculativeGenerator.load(out).generate(input_ids=ids, max_new_tokens=12, strict=True)
+    base = SpeculativeGenerator.load(out, drafter="none").generate(input_ids=ids, max_new_tokens=12)
+    assert spec.token_ids == base.token_ids
+    with pytest.raises(ExportError, match="fused graph"):
+        export_bundle(target=str(hf_models["gpt2"]), dtype="fp16", out=workdir / "gpt2_fp16", progress=None)

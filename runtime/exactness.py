@@ -91,6 +91,13 @@ class MemoLM:
     Lets tens of thousands of speculative rounds from a few fixed prefixes run
     through the real drafter, pipeline and verifier while each distinct
     context is computed by the real model only once.
+
+    With a ``horizon`` (prefix length, K) set, contexts that extend the prefix
+    by K or more tokens get the prefix's own row as a stand-in instead of a
+    model run: such a row decides only tokens after the first K committed
+    ones (verification runs left to right), so the distribution of the first K
+    tokens — all the check measures — is unchanged, and deep draft blocks cost
+    nothing.
     """
 
     def __init__(self, lm, max_bytes: int = 1_500_000_000):
@@ -99,6 +106,7 @@ class MemoLM:
         self.tokens: list[int] = []
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self._max_rows = max(64, max_bytes // (4 * lm.spec.vocab_size))
+        self.horizon: tuple[int, int] | None = None
 
     @property
     def length(self) -> int:
@@ -131,19 +139,29 @@ class MemoLM:
         full = self.tokens + [int(t) for t in ids]
         start = len(self.tokens)
         keys = [tuple(full[: j + 1]) for j in range(start, len(full))]
+        if self.horizon is not None:
+            base, k = self.horizon
+            stand_in = tuple(full[:base])
+            keys = [key if len(key) - base < k else stand_in for key in keys]
+            if stand_in in keys and stand_in not in self._memo:
+                self._memo[stand_in] = self.lm.reference_logits(list(stand_in))[-1]
+        for k in keys:  # freshly used rows are the last to be evicted
+            if k in self._memo:
+                self._memo.move_to_end(k)
         if any(k not in self._memo for k in keys):
             real = self.lm
             from .drafters import common_prefix
+            end = start + len(keys)
+            while tuple(full[:end]) not in keys:  # stand-ins need no run
+                end -= 1
             real.rollback(min(common_prefix(real.tokens, full), start))
             first = real.length
-            rows = real.forward(full[first:])
-            for j, row in zip(range(first, len(full)), rows):
+            rows = real.forward(full[first:end])
+            for j, row in zip(range(first, end), rows):
                 self._memo[tuple(full[: j + 1])] = row
             while len(self._memo) > self._max_rows:
                 self._memo.popitem(last=False)
         out = np.stack([self._memo[k] for k in keys])
-        for k in keys:
-            self._memo.move_to_end(k)
         self.tokens = full
         return out
 
@@ -191,6 +209,9 @@ def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma
     per_prefix = max(1, samples // len(prefixes))
     tests, p_values = [], []
     for pi, prefix in enumerate(prefixes):
+        for lm in (gen.target, getattr(gen.drafter, "lm", None)):
+            if isinstance(lm, MemoLM):
+                lm.horizon = (len(prefix), k_max)
         seqs = []
         for i in range(per_prefix):
             res = gen.generate(input_ids=prefix, max_new_tokens=max(k_max, gamma + 1), do_sample=True,

@@ -205,18 +205,22 @@ class CausalLM:
         b.bind_output(spec.logits, "cpu")
         for name in self._kv_out:
             b.bind_output(name, self.device, 0)
-        t0 = time.perf_counter()
-        try:
-            self.session.run_with_iobinding(b)
-        except Exception as exc:
-            raise ModelRunError(f"onnxruntime failed running {spec.path}: {exc}") from None
-        finally:
-            self.run_time_s += time.perf_counter() - t0
+        self._execute(b)
         out = b.get_outputs()
         logits = out[0].numpy()[0]
         if logits.dtype != np.float32:
             logits = logits.astype(np.float32)
         return logits, list(out[1:])
+
+    def _execute(self, b) -> None:
+        """Run the bound graph, counting the time spent inside onnxruntime."""
+        t0 = time.perf_counter()
+        try:
+            self.session.run_with_iobinding(b)
+        except Exception as exc:
+            raise ModelRunError(f"onnxruntime failed running {self.spec.path}: {exc}") from None
+        finally:
+            self.run_time_s += time.perf_counter() - t0
 
     def _run_static(self, ids: list[int], total: int, b) -> np.ndarray:
         """One call of a static-cache graph: only ids, lengths and the logits buffer are (re)bound."""
@@ -229,13 +233,7 @@ class CausalLM:
             out = np.empty((1, len(ids), spec.vocab_size), dtype=_NP[spec.dtype])
             self._logits_out[len(ids)] = out
         b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
-        t0 = time.perf_counter()
-        try:
-            self.session.run_with_iobinding(b)
-        except Exception as exc:
-            raise ModelRunError(f"onnxruntime failed running {spec.path}: {exc}") from None
-        finally:
-            self.run_time_s += time.perf_counter() - t0
+        self._execute(b)
         return out[0].astype(np.float32) if out.dtype != np.float32 else out[0].copy()
 
     def _trimmed(self, length: int) -> list:

@@ -32,6 +32,7 @@ SETTINGS = [
     ("model", 5, dict(top_p=0.8, temperature=1.2)),
     ("model", 3, dict(repetition_penalty=1.5, top_k=8)),
     ("prompt_lookup", 3, dict(temperature=0.6)),
+    ("model", "auto", dict(temperature=0.9, top_k=10)),
 ]
 
 
@@ -57,7 +58,8 @@ def exact_distribution(bundle, sampling: dict) -> np.ndarray:
 
 def sample_counts(pool, bundle, drafter, gamma, sampling, wrong=False):
     chunks = np.array_split(np.arange(N), WORKERS * 4)
-    jobs = [dict(bundle=str(bundle), drafter=drafter, k=K, prompt=PROMPT, max_new_tokens=max(K, gamma + 1),
+    max_new = K + 3 if gamma == "auto" else max(K, gamma + 1)
+    jobs = [dict(bundle=str(bundle), drafter=drafter, k=K, prompt=PROMPT, max_new_tokens=max_new,
                  gamma=gamma, sampling=sampling, seeds=[int(s) for s in c], wrong=wrong) for c in chunks]
     counts, drafted, accepted = np.zeros((V,) * K, dtype=np.int64), 0, 0
     for c, d, a in pool.map(sample_prefixes, jobs):

@@ -73,6 +73,9 @@ class AutoController:
         for i in range(min(gamma, accepted + 1)):
             hit = 1.0 if i < accepted else 0.0
             self.alphas[i] += self.DECAY * (hit - self.alphas[i])
+        if gamma:  # positions never proposed yet: assume they behave like the deepest one measured
+            for j in range(gamma, self.max_gamma):
+                self.alphas[j] = self.alphas[gamma - 1]
 
 
 def make_controller(speculation: SpeculationConfig, generator):

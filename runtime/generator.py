@@ -251,9 +251,14 @@ class SpeculativeGenerator:
         target, sampling = self.target, req.sampling.do_sample
         committed = list(req.prompt_ids)
         start = len(committed)
-        # Reuse whatever cached prefix still matches (the last token is always re-fed).
+        # Reuse whatever cached prefix still matches (the last token is always re-fed), and make
+        # room for the whole request at once (a static cache grows by copying otherwise).
         target.rollback(min(common_prefix(target.tokens, committed), start - 1))
         self._sync_drafter(committed)
+        room = start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1
+        for lm in (target, getattr(self.drafter, "lm", None)):
+            if lm is not None:
+                lm.reserve(min(room, lm.capacity))
         while True:
             t0 = time.perf_counter()
             remaining = req.max_new_tokens - (len(committed) - start)

@@ -298,8 +298,8 @@ def format_verify(r: dict) -> str:
         kind = "near-tie" if dv["near_tie"] else "MISMATCH"
         lines.append(f"    {kind}: prompt {dv['prompt_index']} gamma {dv['gamma']} position {dv['position']}: "
                      f"target {dv['target_token']} vs speculative {dv['speculative_token']} (margin {dv['margin']:.2e})")
-    lines.append(f"  distribution ({d['samples']} samples, {r['sampling']}): p = {d['p_value']:.3g}, "
-                 f"TV = {d['tv']:.4f} (sampling bound {d['tv_bound']:.4f})")
+    lines.append(f"  distribution ({d['samples']} samples, {r['sampling']}): p = {d['p_value']:.3g} "
+                 f"(Bonferroni over {len(d['tests'])} tests), TV = {d['tv']:.4f} (sampling bound {d['tv_bound']:.4f})")
     lines.append(f"  negative control ({c['verifier']}): p = {c['p_value']:.3g} -> "
                  + ("rejected, so the test can detect a wrong rule" if c["rejected"] else "NOT rejected: the test lacks power"))
     lines.append({"pass": "verdict: PASS - output is distributed as the target's on this machine",

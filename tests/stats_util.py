@@ -55,8 +55,7 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
     k, vocab = job["k"], gen.vocab_size
     counts = np.zeros((vocab,) * k, dtype=np.int64)
     drafted = accepted = 0
-    original = generator.sampled_verify
-    generator.sampled_verify = wrong_verify if job["wrong"] else original
+    gen._sampled_verify = wrong_verify if job["wrong"] else generator.sampled_verify
     try:
         for seed in job["seeds"]:
             res = gen.generate(input_ids=job["prompt"], max_new_tokens=job["max_new_tokens"], do_sample=True,
@@ -65,5 +64,5 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
             drafted += res.stats.drafted
             accepted += res.stats.accepted
     finally:
-        generator.sampled_verify = original
+        gen._sampled_verify = generator.sampled_verify
     return counts, drafted, accepted

@@ -29,7 +29,7 @@ GRAPH_KINDS = [("llama", "fused"), ("llama", "optimum"), ("qwen2", "fused"), ("q
                ("gpt2", "optimum")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def family_bundles(workdir, hf_models):
     return {(fam, g): export_bundle(target=str(hf_models[fam]), out=workdir / f"fam_{fam}_{g}", graph=g,
                                     progress=None) for fam, g in GRAPH_KINDS}

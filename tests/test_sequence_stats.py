@@ -31,7 +31,7 @@ SETTINGS = [
     ("model", 3, dict(top_k=5)),
     ("model", 5, dict(top_p=0.8, temperature=1.2)),
     ("model", 3, dict(repetition_penalty=1.5, top_k=8)),
-    ("prompt_lookup", 3, dict(temperature=0.6)),
+    ("prompt_lookup", 3, dict(temperature=2.0)),  # flat p: lookup guesses get intermediate p(d)
     ("model", "auto", dict(temperature=0.9, top_k=10)),
 ]
 

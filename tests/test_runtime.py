@@ -278,7 +278,8 @@ def test_threads_share_one_generator(pair_bundle, baselines):
 
     def work():
         try:
-            for p in PROMPTS:
+            for k in range(20):
+                p = PROMPTS[k % len(PROMPTS)]
                 results.append((tuple(p), gen.generate(input_ids=p, max_new_tokens=40).token_ids))
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
@@ -287,7 +288,7 @@ def test_threads_share_one_generator(pair_bundle, baselines):
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len(results) == 12
+    assert not errors and len(results) == 80
     assert all(ids == baselines[p] for p, ids in results)
 
 

@@ -4,7 +4,6 @@ import pytest
 from scipy import stats as sps
 
 from ortspec.stats import chi2_sf, pooled_chi_square, total_variation, tv_sampling_bound
-from stats_util import chi_square_p
 
 
 @pytest.mark.parametrize("x,dof", [(0.5, 1), (3.0, 2), (10.0, 3), (50.0, 40), (200.0, 150), (1e-3, 5), (400, 20)])
@@ -12,14 +11,16 @@ def test_chi2_sf_matches_scipy(x, dof):
     assert chi2_sf(x, dof) == pytest.approx(sps.chi2.sf(x, dof), rel=1e-8, abs=1e-300)
 
 
-def test_pooled_chi_square_matches_reference_and_rejects_zero_cells():
+def test_pooled_chi_square_matches_scipy_and_rejects_zero_cells():
     rng = np.random.default_rng(0)
-    probs = rng.dirichlet(np.full(50, 0.3))
+    probs = rng.dirichlet(np.full(20, 5.0))  # every expected count >= 5: no pooling
     counts = rng.multinomial(5000, probs)
     p, cells, tv = pooled_chi_square(counts, probs)
-    assert 0 <= tv < 0.2
-    assert p == pytest.approx(chi_square_p(counts, probs), rel=1e-6)
-    assert 2 <= cells <= 50
+    assert p == pytest.approx(sps.chisquare(counts, probs * 5000).pvalue, rel=1e-6)
+    assert cells == 20 and 0 <= tv < 0.1
+    sparse = rng.dirichlet(np.full(50, 0.3))  # small cells are pooled into one
+    p2, cells2, _ = pooled_chi_square(rng.multinomial(5000, sparse), sparse)
+    assert 2 <= cells2 < 50 and 0 < p2 <= 1
     bad = counts.copy()
     probs2 = probs.copy()
     probs2[0] = 0

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Callable
 
-from ortspec.bundle import (MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
+from ortspec.bundle import (ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .graph import DATA_SUFFIX, choose_graph, export_model, graph_facts

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 import re
-import shutil
 import tempfile
 import warnings
 
@@ -113,7 +112,6 @@ def _all_tensors(graph):
 
 def _fold_initializer_transposes(model, base: Path) -> None:
     import numpy as np
-    import onnx
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -173,11 +171,3 @@ def _pairs(values: dict, pattern) -> list[list[str]]:
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = name
     return [[layers[i]["key"], layers[i]["value"]] for i in sorted(layers)]
-
-
-def copy_graph(src: Path, dst_dir: Path) -> Path:
-    dst_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("model.onnx", "model.onnx" + DATA_SUFFIX):
-        if (src.parent / name).exists():
-            shutil.copyfile(src.parent / name, dst_dir / name)
-    return dst_dir / "model.onnx"

@@ -1,7 +1,7 @@
 """Frozen, validated configuration objects for sampling and speculation."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import math
 
 

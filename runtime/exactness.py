@@ -17,6 +17,7 @@ import numpy as np
 
 from .logits import LogitsPipeline
 from .config import SamplingConfig
+from .drafters import common_prefix
 
 
 @dataclass
@@ -150,7 +151,6 @@ class MemoLM:
                 self._memo.move_to_end(k)
         if any(k not in self._memo for k in keys):
             real = self.lm
-            from .drafters import common_prefix
             end = start + len(keys)
             while tuple(full[:end]) not in keys:  # stand-ins need no run
                 end -= 1

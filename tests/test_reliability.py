@@ -10,7 +10,6 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-import ortspec
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import load_bundle
 from ortspec.errors import BundleError, CacheOverflowError, IncompatibleModelsError, OrtspecError

@@ -19,6 +19,7 @@ from typing import Callable
 from ortspec.bundle import (ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
 from ortspec.errors import ExportError, IncompatibleModelsError
 
+from .genai import write_genai_config
 from .graph import DATA_SUFFIX, choose_graph, export_model, graph_facts
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
 from .quantize import METHODS, quantize
@@ -34,21 +35,31 @@ def _stderr(msg: str) -> None:
 def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
-                  dtype: str = "fp32", progress: Progress | None = _stderr) -> Path:
+                  dtype: str = "fp32", genai_config: int | None = None,
+                  progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
     graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama/Qwen2/Mistral),
     "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
     dtype: "fp32", or "fp16" (fused graphs only; meant for the CUDA execution provider).
+    genai_config: also write onnxruntime-genai configs, with this speculative.max_draft_tokens (1-16).
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
+    from ortspec.model import shared_thread_pool_active
+    if shared_thread_pool_active():
+        raise ExportError("this process runs onnxruntime on its shared thread pool (use_shared_thread_pool), which "
+                          "the exporters' own onnxruntime sessions cannot use; export in another process or "
+                          "before loading any bundle")
     _check_args(target, draft, draft_quant, target_quant)
     if graph not in ("auto", "fused", "optimum"):
         raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
+    if genai_config is not None and (isinstance(genai_config, bool) or not isinstance(genai_config, int)
+                                     or not 1 <= genai_config <= 16):
+        raise ValueError(f"genai_config must be None or max_draft_tokens from 1 to 16, got {genai_config!r}")
     if dtype == "fp16" and "int8" in (draft_quant, target_quant):
         raise ValueError("int8 dynamic quantization needs fp32 weights; use int4 or int8w with fp16")
     out = Path(out).expanduser()
@@ -66,6 +77,9 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say)
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
+        if genai_config is not None:
+            say("writing onnxruntime-genai configs")
+            write_genai_config(tmp, max_draft_tokens=genai_config)
         _publish(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,6 +17,7 @@ EPILOG_EXPORT = """examples:
   ortspec export --target HuggingFaceTB/SmolLM2-360M-Instruct --draft HuggingFaceTB/SmolLM2-135M-Instruct \\
                  --draft-quant int4 --out models/smol
   ortspec export --target ./qwen-1.5b.gguf --draft self --draft-quant int4 --out models/qwen
+  ortspec export --genai-config --out models/smollm2-135m   # add onnxruntime-genai configs to a bundle
 """
 EPILOG_GENERATE = """examples:
   ortspec generate models/smollm2-135m --prompt "Write a haiku about caches" --chat
@@ -82,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow running model code shipped with a hub repository (off by default)")
+    p.add_argument("--genai-config", action="store_true",
+                   help="also write genai_config.json files so onnxruntime-genai runs the bundle's graphs (the "
+                        "pair at the bundle root, each model alone in its directory); with --out naming an "
+                        "existing bundle and no --target/--recipe, only adds them to that bundle")
+    p.add_argument("--genai-max-draft-tokens", type=int, default=4,
+                   help="speculative.max_draft_tokens in the pair's genai_config.json (1-16, default 4)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON when done")
 
     p = sub.add_parser("generate", help="generate text with speculative decoding",
@@ -173,6 +180,13 @@ def _gamma(value: str):
         raise ValueError(f"--num-draft-tokens must be an integer or 'auto', got {value!r}") from None
 
 
+def _shared_pool(args) -> None:
+    """The command owns its process: run both models on onnxruntime's one shared thread pool (faster)."""
+    from .model import use_shared_thread_pool
+    if getattr(args, "provider", "cpu") == "cpu":
+        use_shared_thread_pool(args.threads)
+
+
 def cmd_export(args) -> int:
     try:
         from .export import export_bundle
@@ -180,6 +194,16 @@ def cmd_export(args) -> int:
     except ImportError as exc:
         raise OrtspecError(f"export needs the export extra ({exc.name} is missing): "
                            "pip install 'ortspec[export]'") from None
+    genai = getattr(args, "genai_config", False)
+    genai_k = getattr(args, "genai_max_draft_tokens", 4)
+    if genai and not args.target and not args.recipe:
+        from .bundle import is_bundle
+        from .export.genai import write_genai_config
+        if not is_bundle(Path(args.out)):
+            raise ValueError(f"{args.out} holds no bundle; to add genai configs name an existing bundle with "
+                             "--out, or pass --target/--recipe to export one")
+        print(f"wrote {write_genai_config(args.out, max_draft_tokens=genai_k)}")
+        return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
                   target_quant=args.target_quant)
     if args.recipe:
@@ -188,7 +212,8 @@ def cmd_export(args) -> int:
     if not kwargs["target"]:
         raise ValueError("pass --target SRC or --recipe NAME")
     out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,
-                        graph=getattr(args, "graph", "auto"), dtype=getattr(args, "dtype", "fp32"), **kwargs)
+                        graph=getattr(args, "graph", "auto"), dtype=getattr(args, "dtype", "fp32"),
+                        genai_config=genai_k if genai else None, **kwargs)
     if args.json:
         print((Path(out) / "ortspec.json").read_text())
     return 0
@@ -211,6 +236,7 @@ def cmd_generate(args) -> int:
                                              recipe=args.recipe, out=args.bundle, overwrite=False,
                                              trust_remote_code=False, json=False)
             cmd_export(export_args)
+    _shared_pool(args)
     gen = SpeculativeGenerator.load(args.bundle, provider=args.provider, drafter=args.drafter,
                                     threads=args.threads)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
@@ -245,6 +271,7 @@ def cmd_bench(args) -> int:
         raise ValueError("--repeat must be >= 1")
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     repetition_penalty=args.repetition_penalty)
+    _shared_pool(args)
     report = run_bench(args.bundle, load_prompts(prompts_path), gammas, drafter=args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
                        provider=args.provider, threads=args.threads, calibrate=args.calibrate, sampling=sampling,
@@ -298,6 +325,7 @@ def cmd_verify(args) -> int:
         items = load_prompts(Path(args.prompts) if args.prompts else _default_prompts())
         prompts = [codec.encode(it["prompt"], chat=chat) for it in items]
     drafter = args.drafter.replace("-", "_") if args.drafter else None
+    _shared_pool(args)
     report = run_verify(args.bundle, prompts, gammas, sampling, samples=args.samples, seed=args.seed or 0,
                         prefixes=args.prefixes, ks=ks, drafter=drafter, max_new_tokens=args.greedy_tokens,
                         provider=args.provider, threads=args.threads,

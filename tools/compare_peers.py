@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
-"""Compare ortspec with Hugging Face transformers on the same pair and prompts, interleaved.
+"""Compare ortspec with other runtimes on the same pair and prompts, interleaved.
 
     python tools/compare_peers.py models/smollm2-135m --max-new-tokens 128 --out peers.json [--plot peers.png]
+        [--peers transformers,genai]
         [--llama-cpp-bin /path/llama-speculative-simple --llama-cpp-target t.gguf --llama-cpp-draft d.gguf]
 
-Per prompt, in one process and rotating order: ortspec target-only, ortspec
-with the bundle's draft, ortspec prompt-lookup; transformers (PyTorch, CPU,
-fp32, from the same source weights the bundle was exported from) target-only
-`generate`, prompt-lookup `generate(prompt_lookup_num_tokens=...)`, and
-assisted generation with the draft's source model when the draft is a separate
-model (a quantized self-draft has no PyTorch counterpart). Greedy decoding.
-Optionally llama.cpp's `llama-speculative-simple` binary if given (not
-installed by ortspec). Prints tokens/s per runtime and ratios against
-transformers' target-only generate.
+Per prompt, in one process and rotating order, greedy decoding:
+
+* ortspec: target-only, the bundle's draft (fixed gamma and auto), prompt-lookup;
+* transformers (PyTorch, CPU, fp32, from the same source weights the bundle was
+  exported from): target-only `generate`, prompt-lookup, and assisted generation
+  with the draft's source model when the draft is a separate model (a quantized
+  self-draft has no PyTorch counterpart);
+* onnxruntime-genai on the bundle's own ONNX graphs (configs written with
+  `ortspec export --genai-config`, done here when missing): target-only,
+  draft-model speculative decoding (fixed K and adaptive K) and n-gram;
+* llama.cpp's `llama-speculative-simple`, if a binary is given (not installed
+  by ortspec).
+
+Prints tokens/s per runtime, the median per-prompt ratio against ortspec
+target-only, and how many runs produced tokens different from ortspec
+target-only (same graphs should give the same tokens).
 """
 from __future__ import annotations
 
@@ -38,14 +46,48 @@ def load_hf(source: dict):
     return model
 
 
-def hf_run(model, ids, max_new, eos, **kw) -> tuple[int, float]:
+def hf_run(model, ids, max_new, eos, **kw) -> tuple[list[int], float]:
     import torch
     x = torch.tensor([ids])
     t0 = time.perf_counter()
     with torch.no_grad():
         out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
                              eos_token_id=eos, pad_token_id=eos[0], **kw)
-    return out.shape[1] - len(ids), time.perf_counter() - t0
+    return out[0, len(ids):].tolist(), time.perf_counter() - t0
+
+
+def genai_models(bundle: Path, threads: int, gamma: int):
+    """onnxruntime-genai models over the bundle's graphs: (target alone, target + draft or None)."""
+    import onnxruntime_genai as og
+    from ortspec.export.genai import CONFIG, write_genai_config
+    if not (bundle / CONFIG).is_file():
+        write_genai_config(bundle, max_draft_tokens=gamma)
+    threads_opt = {"session_options": {"intra_op_num_threads": threads}}
+
+    def model(where: Path, roles):
+        cfg = og.Config(str(where))
+        cfg.overlay(json.dumps({"model": {r: threads_opt for r in roles}}))
+        return og.Model(cfg)
+    alone = model(bundle / "target", ["decoder"])
+    spec = model(bundle, ["decoder", "draft"]) if json.loads((bundle / CONFIG).read_text())["model"].get("draft") \
+        else None
+    return alone, spec
+
+
+def genai_run(model, ids, max_new, **spec_opts) -> tuple[list[int], float]:
+    import numpy as np
+    import onnxruntime_genai as og
+    t0 = time.perf_counter()
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + max_new, do_sample=False)
+    if spec_opts:
+        params.set_speculative_options(**spec_opts)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([ids], dtype=np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    out = [int(t) for t in gen.get_sequence(0)][len(ids):]
+    return out, time.perf_counter() - t0
 
 
 def llama_cpp_run(binary, target, draft, prompt, max_new, threads) -> tuple[int, float] | None:
@@ -66,38 +108,57 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     ap.add_argument("--plot")
+    ap.add_argument("--peers", default="transformers,genai",
+                    help="comma-separated peers to run besides ortspec: transformers, genai (default both)")
     ap.add_argument("--llama-cpp-bin")
     ap.add_argument("--llama-cpp-target")
     ap.add_argument("--llama-cpp-draft")
     args = ap.parse_args()
+    peers = {p.strip() for p in args.peers.split(",") if p.strip()}
+    unknown = peers - {"transformers", "genai"}
+    if unknown:
+        ap.error(f"unknown peers {sorted(unknown)}; choose from transformers, genai")
 
-    import torch
-    from ortspec import SpeculativeGenerator
+    if "transformers" in peers:
+        import torch
+    from ortspec import SpeculativeGenerator, use_shared_thread_pool
     from ortspec.bench import load_prompts
-    torch.set_num_threads(args.threads)
+    if "genai" in peers:  # its sessions keep their own threads: create them before the shared pool exists
+        alone, paired = genai_models(Path(args.bundle), args.threads, args.num_draft_tokens)
+    use_shared_thread_pool(args.threads)  # as the ortspec commands do
     spec = SpeculativeGenerator.load(args.bundle, threads=args.threads, verify="none")
     base, lookup = spec.sibling("none"), spec.sibling("prompt_lookup")
     b = spec.bundle
-    target_hf = load_hf(b.target.source)
-    draft_src = b.draft.source if b.draft is not None else None
-    assistant = load_hf(draft_src) if draft_src and draft_src.get("kind") != "self" else None
     eos = sorted(b.eos_token_ids)
     prompts = load_prompts(Path(args.prompts))[: args.limit or None]
-    g = args.num_draft_tokens
-    runners = {
-        "ortspec target-only": lambda ids, p: (lambda r: (len(r.token_ids), r.stats.total_time_s))(
-            base.generate(input_ids=ids, max_new_tokens=args.max_new_tokens)),
-        f"ortspec draft model g={g}": lambda ids, p: (lambda r: (len(r.token_ids), r.stats.total_time_s))(
-            spec.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, num_draft_tokens=g)),
-        f"ortspec prompt-lookup g={g}": lambda ids, p: (lambda r: (len(r.token_ids), r.stats.total_time_s))(
-            lookup.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, num_draft_tokens=g)),
-        "transformers target-only": lambda ids, p: hf_run(target_hf, ids, args.max_new_tokens, eos),
-        f"transformers prompt-lookup {g}": lambda ids, p: hf_run(target_hf, ids, args.max_new_tokens, eos,
-                                                                 prompt_lookup_num_tokens=g),
-    }
-    if assistant is not None:
-        runners["transformers assisted"] = lambda ids, p: hf_run(target_hf, ids, args.max_new_tokens, eos,
-                                                                 assistant_model=assistant)
+    g, new = args.num_draft_tokens, args.max_new_tokens
+
+    def ours(gen, **kw):
+        return lambda ids, p: (lambda r: (list(r.token_ids), r.stats.total_time_s))(
+            gen.generate(input_ids=ids, max_new_tokens=new, **kw))
+    runners = {"ortspec target-only": ours(base)}
+    if b.draft is not None:
+        runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)
+        runners["ortspec draft model auto"] = ours(spec, num_draft_tokens="auto")
+    runners[f"ortspec prompt-lookup g={g}"] = ours(lookup, num_draft_tokens=g)
+    if "transformers" in peers:
+        torch.set_num_threads(args.threads)
+        target_hf = load_hf(b.target.source)
+        draft_src = b.draft.source if b.draft is not None else None
+        assistant = load_hf(draft_src) if draft_src and draft_src.get("kind") != "self" else None
+        runners["transformers target-only"] = lambda ids, p: hf_run(target_hf, ids, new, eos)
+        runners[f"transformers prompt-lookup {g}"] = lambda ids, p: hf_run(target_hf, ids, new, eos,
+                                                                           prompt_lookup_num_tokens=g)
+        if assistant is not None:
+            runners["transformers assisted"] = lambda ids, p: hf_run(target_hf, ids, new, eos,
+                                                                     assistant_model=assistant)
+    if "genai" in peers:
+        runners["genai target-only"] = lambda ids, p: genai_run(alone, ids, new)
+        if paired is not None:
+            runners[f"genai draft model K={g}"] = lambda ids, p: genai_run(paired, ids, new, max_draft_tokens=g)
+            runners["genai draft model adaptive K"] = lambda ids, p: genai_run(
+                paired, ids, new, max_draft_tokens=max(g, 8), min_adaptive_k=1)
+        runners[f"genai n-gram K={g}"] = lambda ids, p: genai_run(alone, ids, new, max_draft_tokens=g, ngram_size=3)
     if args.llama_cpp_bin:
         runners["llama.cpp speculative"] = lambda ids, p: llama_cpp_run(
             args.llama_cpp_bin, args.llama_cpp_target, args.llama_cpp_draft, p, args.max_new_tokens, args.threads)
@@ -109,20 +170,25 @@ def main() -> int:
         for n in names[k % len(names):] + names[: k % len(names)]:
             got = runners[n](ids, text)
             if got:
-                rows[n].append({"prompt": item["id"], "tokens": got[0], "seconds": got[1],
-                                "tokens_per_s": got[0] / got[1]})
+                tokens = got[0] if isinstance(got[0], list) else None
+                count = len(tokens) if tokens is not None else got[0]
+                rows[n].append({"prompt": item["id"], "tokens": count, "seconds": got[1],
+                                "tokens_per_s": count / got[1], "ids": tokens})
         print(f"prompt {k + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
-    ref = "transformers target-only"
+    ref = "ortspec target-only"
     summary = []
     for n in names:
         if not rows[n]:
             continue
         tps = sum(r["tokens"] for r in rows[n]) / sum(r["seconds"] for r in rows[n])
         ratios = [r["tokens_per_s"] / h["tokens_per_s"] for r, h in zip(rows[n], rows[ref])]
-        summary.append({"runtime": n, "tokens_per_s": tps, "ratio_vs_transformers": statistics.median(ratios)})
-    print(f"{'runtime':<34}{'tok/s':>8}{'x transformers':>16}")
+        differ = sum(r["ids"] is not None and r["ids"] != h["ids"][:len(r["ids"])] for r, h in zip(rows[n], rows[ref]))
+        summary.append({"runtime": n, "tokens_per_s": tps, "ratio_vs_ortspec_target_only": statistics.median(ratios),
+                        "min_ratio": min(ratios), "max_ratio": max(ratios), "runs_with_other_tokens": differ})
+    print(f"{'runtime':<34}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}")
     for s in summary:
-        print(f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{s['ratio_vs_transformers']:>16.2f}")
+        span = f"{s['ratio_vs_ortspec_target_only']:.2f} ({s['min_ratio']:.2f}-{s['max_ratio']:.2f})"
+        print(f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{s['runs_with_other_tokens']:>14}")
     report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "summary": summary, "per_prompt": rows}
     if args.out:

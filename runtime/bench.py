@@ -72,7 +72,7 @@ def load_prompts(path: Path) -> list[dict]:
             raise ValueError(f"{path}:{n} is not JSON ({exc}); each line must be {{\"prompt\": ...}}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise ValueError(f"{path}:{n} has no non-empty \"prompt\" string")
-        items.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"]})
+        items.append({"id": str(obj.get("id", n)), "prompt": obj["prompt"], "kind": str(obj.get("kind", ""))})
     if not items:
         raise ValueError(f"{path} holds no prompts")
     return items

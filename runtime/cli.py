@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--prompts", default=None, help="jsonl file with a \"prompt\" per line (default: the shipped dev prompts)")
     p.add_argument("--num-draft-tokens", default="1,2,3,4,6,8,auto", help="comma-separated gammas and/or 'auto'")
+    p.add_argument("--kind", action="append", default=None,
+                   help="use only prompts whose \"kind\" is this (repeatable), e.g. --kind edit")
     p.add_argument("--repeat", type=int, default=1, help="passes over the prompts (default 1)")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
     p.add_argument("--calibrate", action="store_true", help="re-measure step costs and store the profile")
@@ -272,7 +274,14 @@ def cmd_bench(args) -> int:
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     repetition_penalty=args.repetition_penalty)
     _shared_pool(args)
-    report = run_bench(args.bundle, load_prompts(prompts_path), gammas, drafter=args.drafter.replace("-", "_"),
+    items = load_prompts(prompts_path)
+    if args.kind:
+        kinds = sorted({it["kind"] for it in items})
+        items = [it for it in items if it["kind"] in args.kind]
+        if not items:
+            raise ValueError(f"no prompt in {prompts_path} has kind {', '.join(args.kind)}; kinds there: "
+                             f"{', '.join(k or '(none)' for k in kinds)}")
+    report = run_bench(args.bundle, items, gammas, drafter=args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
                        provider=args.provider, threads=args.threads, calibrate=args.calibrate, sampling=sampling,
                        progress=lambda m: print(f"\r[ortspec bench] {m}    ", end="", file=sys.stderr, flush=True))

@@ -109,3 +109,17 @@ def test_layer_name_pattern():
     assert _pattern([f"l0_{i}_k" for i in range(3)], "x") == "l0_%d_k"
     with pytest.raises(ExportError, match="numbered pattern"):
         _pattern(["a.0.key", "a.1.key", "b.2.key"], "past key")
+
+
+def test_compare_peers_runs_genai_on_the_same_graphs(pair_bundle, tmp_path):
+    bundle = _copy(pair_bundle, tmp_path)
+    out = tmp_path / "peers.json"
+    tool = Path(__file__).resolve().parent.parent / "tools" / "compare_peers.py"
+    proc = subprocess.run([sys.executable, str(tool), str(bundle), "--peers", "genai", "--limit", "2",
+                           "--max-new-tokens", "12", "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["runtime"]: r for r in json.loads(out.read_text())["summary"]}
+    assert {"ortspec target-only", "genai target-only", "genai draft model K=4", "genai n-gram K=4"} <= set(rows)
+    assert all(r["tokens_per_s"] > 0 for r in rows.values())
+    assert rows["genai target-only"]["runs_with_other_tokens"] == 0
+    assert rows["genai draft model K=4"]["runs_with_other_tokens"] == 0

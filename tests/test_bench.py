@@ -1,0 +1,54 @@
+"""`ortspec bench` end to end on a tiny pair: a valid JSON report, a PNG, a stored calibration profile."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+import shutil
+import subprocess
+import sys
+
+
+def _bench(bundle: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in (
+        {"id": "a", "kind": "chat", "prompt": "w1 w2 w3 w4"},
+        {"id": "b", "kind": "edit", "prompt": "w5 w6 w5 w6 w5 w6"},
+        {"id": "c", "kind": "edit", "prompt": "w9 w8 w7"})) + "\n")
+    return subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", str(bundle), "--prompts", str(prompts),
+                           "--max-new-tokens", "12", *extra], capture_output=True, text=True)
+
+
+def test_bench_report_plot_and_profile(pair_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(pair_bundle, bundle)
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    proc = _bench(bundle, tmp_path, "--num-draft-tokens", "1,3,auto", "--out", str(out), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "runs, ETA" in proc.stderr  # progress while it runs
+    for label in ("target only", "model g=1", "model g=3", "model g=auto", "ideal", "eff"):
+        assert label in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["baseline"]["tokens_per_s"] > 0
+    settings = {s["num_draft_tokens"]: s for s in report["settings"]}
+    assert set(settings) == {1, 3, "auto"}
+    for gamma, s in settings.items():
+        assert s["tokens_per_s"] > 0 and s["speedup"] > 0 and s["ideal_speedup"] > 0
+        assert abs(s["efficiency"] - s["speedup"] / s["ideal_speedup"]) < 1e-9
+        assert 0 <= s["acceptance_rate"] <= 1 and s["mean_tokens_per_round"] >= 1
+        if gamma != "auto":
+            assert len(s["per_position_acceptance"]) == gamma
+        assert abs(sum(s["time_split"].values()) - 1) < 1e-6
+        assert s["latency"]["p50_ms"] <= s["latency"]["p95_ms"] <= s["latency"]["p99_ms"]
+        assert [p["prompt"] for p in s["per_prompt"]] == ["a", "b", "c"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (bundle / "ortspec-profile.json").is_file()  # calibration stored next to the bundle
+
+
+def test_bench_kind_filter(pair_bundle, tmp_path):
+    out = tmp_path / "r.json"
+    proc = _bench(pair_bundle, tmp_path, "--num-draft-tokens", "2", "--drafter", "prompt-lookup",
+                  "--kind", "edit", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert [p["prompt"] for p in json.loads(out.read_text())["settings"][0]["per_prompt"]] == ["b", "c"]
+    proc = _bench(pair_bundle, tmp_path, "--kind", "poetry")
+    assert proc.returncode == 2 and "kinds there: chat, edit" in proc.stderr

@@ -20,7 +20,7 @@ from ortspec.bundle import (ModelSpec, is_bundle, load_bundle, sha256_file, writ
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .genai import write_genai_config
-from .graph import DATA_SUFFIX, choose_graph, export_model, graph_facts
+from .graph import DATA_SUFFIX, choose_graph, export_model, graph_facts, restrict_vocab, subset_ranges
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
 from .quantize import METHODS, quantize
 
@@ -35,7 +35,7 @@ def _stderr(msg: str) -> None:
 def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
-                  dtype: str = "fp32", genai_config: int | None = None,
+                  dtype: str = "fp32", genai_config: int | None = None, draft_vocab: int | None = None,
                   progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
@@ -44,6 +44,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
     dtype: "fp32", or "fp16" (fused graphs only; meant for the CUDA execution provider).
     genai_config: also write onnxruntime-genai configs, with this speculative.max_draft_tokens (1-16).
+    draft_vocab: give the draft an output layer for token ids [0, draft_vocab) and the special tokens only
+        (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
@@ -60,6 +62,11 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     if genai_config is not None and (isinstance(genai_config, bool) or not isinstance(genai_config, int)
                                      or not 1 <= genai_config <= 16):
         raise ValueError(f"genai_config must be None or max_draft_tokens from 1 to 16, got {genai_config!r}")
+    if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
+                                    or draft_vocab < 1):
+        raise ValueError(f"draft_vocab must be None or a positive number of token ids, got {draft_vocab!r}")
+    if draft_vocab is not None and draft is None:
+        raise ValueError("draft_vocab restricts the draft's output layer: pass a draft too")
     if dtype == "fp16" and "int8" in (draft_quant, target_quant):
         raise ValueError("int8 dynamic quantization needs fp32 weights; use int4 or int8w with fp16")
     out = Path(out).expanduser()
@@ -74,7 +81,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say)
+        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say,
+                          draft_vocab)
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
         if genai_config is not None:
@@ -147,7 +155,7 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
-           trust_remote_code: bool, graph: str, dtype: str, say: Progress) -> dict:
+           trust_remote_code: bool, graph: str, dtype: str, say: Progress, draft_vocab: int | None = None) -> dict:
     say(f"loading target {target}")
     src = load_source(target, trust_remote_code)
     _check_disk(tmp, src.model, 2 + (draft is not None))
@@ -185,14 +193,19 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
                 d_tok = "draft/tokenizer.json"
             del dsrc
             gc.collect()
+        subset = None
+        if draft_vocab is not None:
+            draft_graph, subset = _restrict_draft(tmp, draft_graph, draft_vocab, draft_info, target_info,
+                                                  in_place=not draft_quant, say=say)
         quant = None
         if draft_quant:
             say(f"quantizing draft to {draft_quant}")
             quant = quantize(draft_graph, draft_dir, draft_quant)
         if d_tok:
             os.replace(tmp / "draft-tokenizer.json", draft_dir / "tokenizer.json")
-        models["draft"] = _spec(tmp, draft_dir / "model.onnx", draft_info, quant, d_tok)
+        models["draft"] = _spec(tmp, draft_dir / "model.onnx", draft_info, quant, d_tok, subset)
         shutil.rmtree(tmp / "draft-fp32", ignore_errors=True)
+        shutil.rmtree(tmp / "draft-subset", ignore_errors=True)
     t_quant = None
     if target_quant:
         say(f"quantizing target to {target_quant}")
@@ -233,7 +246,30 @@ def _model_facts(src: Source) -> dict:
             "special_ids": special_ids(src.tokenizer, src.generation_config)}
 
 
-def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: str | None) -> dict:
+def _restrict_draft(tmp: Path, graph: Path, first: int, draft_info: dict, target_info: dict, in_place: bool,
+                    say: Progress) -> tuple[Path, dict]:
+    """The draft graph with a vocabulary-subset output layer, and its manifest entry."""
+    full = graph_facts(graph)["vocab_size"]
+    if first >= full:
+        raise ValueError(f"draft_vocab={first} keeps the whole vocabulary of {full} ids; choose fewer")
+    special = []
+    for info in (draft_info, target_info):
+        ids = info.get("special_ids") or {}
+        special += list(ids.get("eos_token_ids") or []) + [ids.get(k) for k in ("bos_token_id", "pad_token_id")]
+    ranges = subset_ranges(first, [i for i in special if i is not None], full)
+    kept = sum(b - a for a, b in ranges)
+    say(f"restricting the draft's output layer to {kept} of {full} token ids")
+    (tmp / "draft-subset").mkdir()
+    out = restrict_vocab(graph, tmp / "draft-subset" / "model.onnx", ranges)
+    if in_place:  # the unquantized draft already sits in draft/: replace it
+        for name in (out.name, out.name + DATA_SUFFIX):
+            os.replace(out.parent / name, graph.parent / name)
+        out = graph
+    return out, {"full_size": full, "ranges": ranges}
+
+
+def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: str | None,
+          subset: dict | None = None) -> dict:
     facts = graph_facts(graph)
     files = [graph, graph.with_name(graph.name + DATA_SUFFIX)]
     files = [f for f in files if f.is_file()]
@@ -248,7 +284,7 @@ def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: st
         quantization=quant, source=info["source"],
         sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
         special_ids=info["special_ids"], tokenizer=tokenizer, kv_cache=facts["kv_cache"],
-        seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"])
+        seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"], vocab_subset=subset)
     return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
 
 

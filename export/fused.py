@@ -7,7 +7,7 @@ about 11 nodes per layer:
 
     SkipSimplifiedLayerNormalization -> MatMul(QKV, packed) [+ bias]
     -> GroupQueryAttention (rotary inside, KV cache in place)
-    -> MatMul(O) -> SkipSimplifiedLayerNormalization -> MatMul(gate), MatMul(up)
+    -> MatMul(O) -> SkipSimplifiedLayerNormalization -> MatMul(gate|up, packed) -> Split
     -> QuickGelu(alpha=1) (= SiLU) -> Mul -> MatMul(down)
 
 KV cache (``kv_cache = "static"`` in the manifest): every layer's past and
@@ -108,6 +108,9 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
     cos_name = init("rotary.cos", cos[0, :, :half].numpy())
     sin_name = init("rotary.sin", sin[0, :, :half].numpy())
 
+    inter = int(cfg.intermediate_size)
+    inits.append(numpy_helper.from_array(np.array([inter, inter], dtype=np.int64), "mlp.split"))
+    split_sizes = "mlp.split"
     node("Gather", [init("embed.weight", sd["model.embed_tokens.weight"]), "input_ids"], ["embeds"])
     resid, out = "embeds", None
     for i in range(layers):
@@ -137,8 +140,10 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
              [f"l{i}.o", resid, init(f"l{i}.ln2", sd[p + "post_attention_layernorm.weight"])],
              [f"l{i}.h2", "", "", f"l{i}.res2"], domain="com.microsoft", epsilon=eps)
         resid = f"l{i}.res2"
-        node("MatMul", [f"l{i}.h2", init(f"l{i}.gate.weight", sd[p + "mlp.gate_proj.weight"].T)], [f"l{i}.g"])
-        node("MatMul", [f"l{i}.h2", init(f"l{i}.up.weight", sd[p + "mlp.up_proj.weight"].T)], [f"l{i}.u"])
+        # gate and up share their input: one packed MatMul (one kernel launch fewer per layer), then Split
+        gate_up = linear_t(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        node("MatMul", [f"l{i}.h2", init(f"l{i}.gate_up.weight", gate_up)], [f"l{i}.gu_in"])
+        node("Split", [f"l{i}.gu_in", split_sizes], [f"l{i}.g", f"l{i}.u"], axis=-1)
         node("QuickGelu", [f"l{i}.g"], [f"l{i}.act"], domain="com.microsoft", alpha=1.0)  # x*sigmoid(x) = SiLU
         node("Mul", [f"l{i}.act", f"l{i}.u"], [f"l{i}.gu"])
         node("MatMul", [f"l{i}.gu", init(f"l{i}.down.weight", sd[p + "mlp.down_proj.weight"].T)], [f"l{i}.d"])

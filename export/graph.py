@@ -171,3 +171,55 @@ def _pairs(values: dict, pattern) -> list[list[str]]:
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = name
     return [[layers[i]["key"], layers[i]["value"]] for i in sorted(layers)]
+
+
+def subset_ranges(first: int, extra_ids, full_size: int) -> list[list[int]]:
+    """Token ids [0, first) plus ``extra_ids`` (special tokens), merged into sorted [start, stop) ranges."""
+    ids = sorted({i for i in range(first)} | {int(i) for i in extra_ids if 0 <= int(i) < full_size})
+    ranges: list[list[int]] = []
+    for i in ids:
+        if ranges and ranges[-1][1] == i:
+            ranges[-1][1] = i + 1
+        else:
+            ranges.append([i, i + 1])
+    return ranges
+
+
+def restrict_vocab(src: Path, dst: Path, ranges: list[list[int]]) -> Path:
+    """Write ``src`` as ``dst`` with an output layer that computes only the logits of the ids in ``ranges``.
+
+    The logits must come straight from one MatMul with a constant weight (the
+    lm_head); its columns outside the ranges are dropped, so the draft's last
+    and often largest matrix shrinks to the kept share of the vocabulary.
+    """
+    import numpy as np
+    import onnx
+    from onnx import external_data_helper as ext, numpy_helper
+
+    work = dst.with_name(dst.name + ".unfolded")
+    consolidate(src, work, fold_transposes=True)
+    try:
+        model = onnx.load(str(work), load_external_data=False)
+        logits = "logits"  # graph_facts requires this name of every exported graph
+        producer = next((n for n in model.graph.node if logits in n.output), None)
+        inits = {t.name: t for t in model.graph.initializer}
+        if producer is None or producer.op_type != "MatMul" or producer.input[1] not in inits:
+            raise ExportError(f"{src}: its logits do not come from one MatMul with a constant weight, so its "
+                              "vocabulary cannot be restricted; drop --draft-vocab")
+        tensor = inits[producer.input[1]]
+        if ext.uses_external_data(tensor):
+            ext.load_external_data_for_tensor(tensor, str(work.parent))
+        weight = numpy_helper.to_array(tensor)
+        kept = np.ascontiguousarray(np.concatenate([weight[:, a:b] for a, b in ranges], axis=1))
+        tensor.CopyFrom(numpy_helper.from_array(kept, tensor.name))
+        out = next(o for o in model.graph.output if o.name == logits)
+        dims = out.type.tensor_type.shape.dim
+        dims[len(dims) - 1].ClearField("dim_param")
+        dims[len(dims) - 1].dim_value = kept.shape[1]
+        onnx.save(model, str(work))  # the new head inline (< 2 GB), every other weight still external
+        consolidate(work, dst)
+    finally:
+        for leftover in work.parent.glob(work.name + "*"):
+            leftover.unlink()
+    return dst
+

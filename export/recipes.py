@@ -55,7 +55,8 @@ def resolve_recipe(name: str, cache: Path | None = None, progress=None) -> dict:
     d = recipe.get("draft") or {}
     draft = "self" if d.get("self") else (obtain(d, cache, say) if d else None)
     return {"target": str(target), "draft": draft if draft is None or draft == "self" else str(draft),
-            "draft_quant": d.get("quant"), "target_quant": recipe["target"].get("quant")}
+            "draft_quant": d.get("quant"), "target_quant": recipe["target"].get("quant"),
+            "draft_vocab": d.get("vocab")}
 
 
 def obtain(entry: dict, cache: Path, say) -> Path:

@@ -47,6 +47,9 @@ class ModelSpec:
     kv_cache: str = "concat"        # "concat": present = past + new; "static": shared fixed-capacity buffers
     seqlens_k: str | None = None    # static graphs: total length - 1
     total_sequence_length: str | None = None
+    # a draft whose output layer covers only some token ids: {"full_size": V, "ranges": [[start, stop], ...]};
+    # logit column j belongs to the j-th id of the ranges, every other id has probability 0
+    vocab_subset: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
@@ -67,7 +70,10 @@ class ModelSpec:
                 special_ids=dict(d.get("special_ids") or {}), tokenizer=d.get("tokenizer"),
                 kv_cache=str(d.get("kv_cache", "concat")), seqlens_k=d.get("seqlens_k"),
                 total_sequence_length=d.get("total_sequence_length"),
+                vocab_subset=_vocab_subset(d.get("vocab_subset"), int(d["vocab_size"]), role),
             )
+        except BundleError:
+            raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest entry models.{role} is malformed ({exc!r}); "
                               "re-export the bundle with `ortspec export`") from None
@@ -103,6 +109,34 @@ class ModelSpec:
     @property
     def files(self) -> list[str]:
         return [f for f in (self.path, self.data) if f]
+
+    @property
+    def output_vocab(self) -> int:
+        """Width of the logits the runtime hands out (the full vocabulary for a vocab-subset draft)."""
+        return int(self.vocab_subset["full_size"]) if self.vocab_subset else self.vocab_size
+
+
+def _vocab_subset(value, width: int, role: str) -> dict | None:
+    """Validate a manifest's vocab_subset: sorted, disjoint ranges inside full_size covering ``width`` ids."""
+    if value is None:
+        return None
+    bad = BundleError(f"models.{role}.vocab_subset is malformed; re-export the bundle")
+    if not isinstance(value, dict) or not isinstance(value.get("ranges"), list):
+        raise bad
+    full = value.get("full_size")
+    if isinstance(full, bool) or not isinstance(full, int) or full < 1:
+        raise bad
+    ranges, last, count = [], 0, 0
+    for r in value["ranges"]:
+        if (not isinstance(r, list) or len(r) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in r)
+                or not last <= r[0] < r[1] <= full):
+            raise bad
+        ranges.append([r[0], r[1]])
+        last, count = r[1], count + r[1] - r[0]
+    if count != width:
+        raise BundleError(f"models.{role}.vocab_subset covers {count} ids but the graph has {width} logits; "
+                          "re-export the bundle")
+    return {"full_size": full, "ranges": ranges}
 
 
 @dataclass(frozen=True)

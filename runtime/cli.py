@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize the draft: int8 (dynamic), int4 (MatMulNBits 4-bit, block 32, symmetric), "
                         "int8w (MatMulNBits 8-bit weights: most faithful cheap draft)")
     p.add_argument("--target-quant", choices=["int8", "int4", "int8w"], help="quantize the target weights")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="cheaper draft: its output layer computes only token ids 0..N-1 and the special tokens "
+                        "(BPE vocabularies put frequent tokens first); the rest get draft probability 0 and the "
+                        "verifier's residual keeps the output exact")
     p.add_argument("--recipe", help="a known pair from models/*.toml (e.g. smollm2-135m, qwen2.5-coder) or a .toml path; "
                                     "fetches the weights and fills in --target/--draft/--*-quant")
     p.add_argument("--graph", default="auto", choices=["auto", "fused", "optimum"],
@@ -207,7 +211,7 @@ def cmd_export(args) -> int:
         print(f"wrote {write_genai_config(args.out, max_draft_tokens=genai_k)}")
         return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
-                  target_quant=args.target_quant)
+                  target_quant=args.target_quant, draft_vocab=getattr(args, "draft_vocab", None))
     if args.recipe:
         recipe = resolve_recipe(args.recipe)
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}
@@ -235,6 +239,7 @@ def cmd_generate(args) -> int:
         from .bundle import is_bundle
         if not is_bundle(Path(args.bundle)):
             export_args = argparse.Namespace(target=None, draft=None, draft_quant=None, target_quant=None,
+                                             draft_vocab=None,
                                              recipe=args.recipe, out=args.bundle, overwrite=False,
                                              trust_remote_code=False, json=False)
             cmd_export(export_args)

@@ -106,7 +106,7 @@ class MemoLM:
         self.static = getattr(lm, "static", False)
         self.tokens: list[int] = []
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
-        self._max_rows = max(64, max_bytes // (4 * lm.spec.vocab_size))
+        self._max_rows = max(64, max_bytes // (4 * lm.spec.output_vocab))
         self.horizon: tuple[int, int] | None = None
 
     @property

@@ -138,7 +138,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.codec = codec
         self.draft_disabled = draft_disabled
-        widths = [bundle.target.vocab_size] + ([bundle.draft.vocab_size] if bundle.draft else [])
+        widths = [bundle.target.output_vocab] + ([bundle.draft.output_vocab] if bundle.draft else [])
         self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
         self._lock = threading.Lock()
         self._profile: dict | None = None

@@ -115,6 +115,7 @@ class CausalLM:
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
                  threads: int | None = None, trim: str = "auto"):
         self.spec = spec
+        self._subset = [tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None
         self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
         providers = providers_for(provider)
@@ -230,6 +231,17 @@ class CausalLM:
         return b
 
     def _run(self, ids: list[int], start: int, past: list, binding=None) -> tuple[np.ndarray, list]:
+        logits, present = self._run_graph(ids, start, past, binding)
+        if self._subset is not None:  # a vocab-subset draft: the other ids get probability 0
+            full = np.full((logits.shape[0], self.spec.output_vocab), -np.inf, dtype=np.float32)
+            col = 0
+            for lo, hi in self._subset:
+                full[:, lo:hi] = logits[:, col:col + hi - lo]
+                col += hi - lo
+            logits = full
+        return logits, present
+
+    def _run_graph(self, ids: list[int], start: int, past: list, binding=None) -> tuple[np.ndarray, list]:
         spec = self.spec
         total = start + len(ids)
         if self.static:

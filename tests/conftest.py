@@ -59,6 +59,13 @@ def small_bundle(workdir, hf_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_subset_bundle(workdir, hf_models) -> Path:
+    """The vocab-16 pair with a draft whose output layer covers ids 0..9 only (q = 0 for 10..15)."""
+    return _export(target=str(hf_models["small_target"]), draft=str(hf_models["small_draft"]),
+                   out=workdir / "b_small_subset", draft_vocab=10)
+
+
+@pytest.fixture(scope="session")
 def ids_bundle(workdir, hf_models) -> Path:
     """A target-only bundle without a tokenizer (token ids in, token ids out)."""
     return _export(target=str(hf_models["no_tok"]), out=workdir / "b_ids")

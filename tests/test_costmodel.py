@@ -47,3 +47,50 @@ def test_auto_controller_learns_and_pauses():
     late = choices[40:]
     assert late.count(0) > 0.7 * len(late)     # mostly target-only once it has learned
     assert any(g > 0 for g in late)            # but it probes again now and then
+
+
+class ClockLM:
+    """A model on a fake clock: a step costs base + per_token * tokens, plus ``cold`` when the other model ran
+    last (its weights left the cache)."""
+
+    def __init__(self, clock: dict, name: str, base: float, per_token: float, cold: float):
+        self.clock, self.name, self.base, self.per_token, self.cold = clock, name, base, per_token, cold
+
+    def forward(self, ids):
+        self.clock["t"] += self.base + self.per_token * len(ids) + (self.cold if self.clock["last"] != self.name else 0)
+        self.clock["last"] = self.name
+
+    def prefill(self, ids):
+        self.forward(ids)
+
+    def rollback(self, n):
+        pass
+
+    def reset(self):
+        pass
+
+
+def test_calibration_measures_costs_as_decoding_pays_them(monkeypatch):
+    from ortspec import calibrate
+    clock = {"t": 0.0, "last": None}
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock["t"])
+    target = ClockLM(clock, "target", 10.0, 1.0, 5.0)
+    draft = ClockLM(clock, "draft", 2.0, 1.0, 3.0)
+    prof = calibrate.measure(target, draft, context=8, max_k=5, reps=3)
+    assert prof["target_costs"][0] == pytest.approx(11.0)  # target-only decoding: warm every step
+    for k in range(2, 6):  # a verify pass comes right after the drafts: it pays the cold start
+        assert prof["target_costs"][k - 1] == pytest.approx(10.0 + k + 5.0)
+    # draft steps: the first of each round is cold; the median over k of the mean step
+    means = [(3.0 * (k - 1) + 3.0) / (k - 1) for k in range(2, 6)]
+    assert prof["draft_cost"] == pytest.approx(sorted(means)[1] / 2 + sorted(means)[2] / 2)
+    assert prof["method"] == "rounds"
+    only = calibrate.measure(target, None, context=8, max_k=3, reps=2)
+    assert only["target_costs"] == pytest.approx([11.0, 12.0, 13.0]) and "draft_cost" not in only
+
+
+def test_profiles_from_an_older_method_are_measured_again(tmp_path):
+    from ortspec.calibrate import load_profile, save_profile
+    save_profile(tmp_path, "cpu", {"target_costs": [1.0], "draft_cost": 0.1})
+    assert load_profile(tmp_path, "cpu") is None
+    save_profile(tmp_path, "cpu", {"target_costs": [1.0], "draft_cost": 0.1, "method": "rounds"})
+    assert load_profile(tmp_path, "cpu")["draft_cost"] == 0.1

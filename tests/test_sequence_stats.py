@@ -83,3 +83,15 @@ def test_sequences_follow_target_distribution(pool, small_bundle, drafter, gamma
 def test_negative_control_wrong_verifier_is_caught(pool, small_bundle, drafter, gamma, sampling):
     counts, _, _ = sample_counts(pool, small_bundle, drafter, gamma, sampling, wrong=True)
     assert chi_square_p(counts, exact_distribution(small_bundle, sampling)) < ALPHA
+
+
+def test_vocab_subset_draft_follows_target_distribution(pool, small_subset_bundle):
+    """q = 0 on ids 10..15: those tokens can only come from the residual, which must restore p exactly."""
+    sampling = dict(temperature=1.3)
+    counts, drafted, accepted = sample_counts(pool, small_subset_bundle, "model", 3, sampling)
+    assert accepted >= 500 and drafted - accepted >= 500
+    exact = exact_distribution(small_subset_bundle, sampling)
+    assert exact[10:].sum() > 0.05  # the excluded ids carry real mass under the target
+    assert chi_square_p(counts, exact) > ALPHA
+    wrong, _, _ = sample_counts(pool, small_subset_bundle, "model", 3, sampling, wrong=True)
+    assert chi_square_p(wrong, exact) < ALPHA

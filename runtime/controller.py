@@ -3,9 +3,13 @@
 The auto controller keeps exponentially weighted per-position acceptance
 estimates and per-call cost estimates measured online from the models' own
 run times (C_d per draft step, C_t(k) per target pass of k tokens), and picks
-the gamma with the highest predicted speedup. When no gamma predicts a gain it
-decodes target-only for a while, then probes again. It only chooses how many
-tokens to draft, so it never changes the output distribution.
+the gamma with the highest predicted speedup. Positions it has not drafted
+lately are assumed a little worse than the deepest one it has (conditional
+acceptance falls with depth), so it does not reach for long drafts on faith.
+When no gamma predicts a gain it decodes target-only for a while, then probes
+with one draft token (the cheapest way to re-measure acceptance) and returns to
+the model's choice only if that pays. It only chooses how many tokens to draft,
+so it never changes the output distribution.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ class FixedController:
 class AutoController:
     DECAY = 0.15        # weight of the newest observation
     PAUSE_ROUNDS = 16   # target-only rounds before probing again
+    DEEPER = 0.9        # an unmeasured position: this times the acceptance of the one before it
 
     def __init__(self, max_gamma: int, profile: dict | None, target, draft_lm):
         self.max_gamma = max_gamma
@@ -37,6 +42,7 @@ class AutoController:
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
         self.paused = 0
+        self._probe = self._probing = False
         self._warm = False  # the first pass includes the prompt prefill: not a cost sample
         self._mark()
 
@@ -48,12 +54,15 @@ class AutoController:
         if self.paused > 0:
             self.paused -= 1
             return 0
+        if self._probe:  # the pause is over: one draft token re-measures the first position
+            self._probe, self._probing = False, True
+            return 1
         if not self.target_costs or self.draft_cost is None:
             return 1 if len(self.target_costs) < 2 else min(len(self.target_costs) - 1, self.max_gamma)
         gamma, speedup = best_gamma(self.alphas, self.draft_cost, self.target_costs, self.max_gamma)
         if gamma == 0:
             self.paused = self.PAUSE_ROUNDS
-            self.alphas = [min(1.0, a + 0.1) for a in self.alphas]  # optimism for the next probe
+            self._probe = True
         return gamma
 
     def update(self, gamma: int, accepted: int) -> None:
@@ -70,12 +79,14 @@ class AutoController:
         if gamma:
             step = d_time / gamma
             self.draft_cost = step if self.draft_cost is None else self.draft_cost + self.DECAY * (step - self.draft_cost)
+        weight = 0.5 if self._probing else self.DECAY  # a probe is rare: let it count
+        self._probing = False
         for i in range(min(gamma, accepted + 1)):
             hit = 1.0 if i < accepted else 0.0
-            self.alphas[i] += self.DECAY * (hit - self.alphas[i])
-        if gamma:  # positions never proposed yet: assume they behave like the deepest one measured
+            self.alphas[i] += weight * (hit - self.alphas[i])
+        if gamma:  # positions not proposed this round: a little worse than the one before
             for j in range(gamma, self.max_gamma):
-                self.alphas[j] = self.alphas[gamma - 1]
+                self.alphas[j] = self.DEEPER * self.alphas[j - 1]
 
 
 def make_controller(speculation: SpeculationConfig, generator):

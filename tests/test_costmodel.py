@@ -94,3 +94,37 @@ def test_profiles_from_an_older_method_are_measured_again(tmp_path):
     assert load_profile(tmp_path, "cpu") is None
     save_profile(tmp_path, "cpu", {"target_costs": [1.0], "draft_cost": 0.1, "method": "rounds"})
     assert load_profile(tmp_path, "cpu")["draft_cost"] == 0.1
+
+
+def test_auto_probes_with_one_token_and_recovers():
+    target, draft = FakeLM(), FakeLM()
+    costs = [1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4]
+    ctl = AutoController(8, {"target_costs": costs, "draft_cost": 0.1, "alphas": [0.9] * 8}, target, draft)
+
+    def run(rounds, accept):
+        seen = []
+        for _ in range(rounds):
+            g = ctl.choose()
+            seen.append(g)
+            target.run_time_s += costs[g]
+            draft.run_time_s += 0.1 * g
+            ctl.update(g, accept(g))
+        return seen
+    bad = run(80, lambda g: 0)                   # nothing is ever accepted
+    assert bad[-40:].count(0) >= 36
+    probes = [g for g in bad[20:] if g]
+    assert probes and set(probes) == {1}         # probes are single draft tokens
+    good = run(80, lambda g: g)                  # now every draft is accepted
+    assert good[-20:].count(0) == 0 and max(good[-20:]) >= 4  # it comes back and drafts long again
+
+
+def test_auto_does_not_extrapolate_unmeasured_positions_upward():
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(8, {"target_costs": [1.0] * 9, "draft_cost": 0.05, "alphas": [0.9] * 8}, target, draft)
+    ctl.update(2, 2)  # warm-up round (prefill): ignored
+    for _ in range(30):
+        target.run_time_s += 1.0
+        draft.run_time_s += 0.1
+        ctl.update(2, 1)  # first position always accepted, second always rejected
+    assert ctl.alphas[0] > 0.95 and ctl.alphas[1] < 0.05
+    assert all(ctl.alphas[j] <= 0.9 * ctl.alphas[j - 1] + 1e-12 for j in range(2, 8))

@@ -36,7 +36,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
             "head_dim": spec.head_dim, "vocab_size": spec.vocab_size, "max_positions": spec.max_positions,
             "dtype": spec.dtype, "quantization": spec.quantization, "source": spec.source,
             "size_bytes": sum(f["size_bytes"] for f in files.values()), "files": files,
-            "io": raw[role].get("io", {}),
+            "io": raw[role].get("io", {}), "vocab_subset": spec.vocab_subset,
         }
     compat = "no draft (target only)"
     if bundle.draft is not None:
@@ -60,6 +60,11 @@ def format_report(r: dict) -> str:
                      f"{m['head_dim']}, vocab {m['vocab_size']}, max positions {m['max_positions']}, "
                      f"{m['dtype']}, quantization {qs}, {m['size_bytes'] / 1e6:.1f} MB")
         lines.append(f"    source: {m['source'].get('kind')} {m['source'].get('ref', '')}")
+        if m.get("vocab_subset"):
+            sub = m["vocab_subset"]
+            spans = ", ".join(f"{a}..{b - 1}" for a, b in sub["ranges"][:4]) + (", ..." if len(sub["ranges"]) > 4 else "")
+            lines.append(f"    output layer: {m['vocab_size']} of {sub['full_size']} token ids ({spans}); "
+                         "the others have draft probability 0")
         for name, f in m["files"].items():
             check = {True: "ok", False: "MISMATCH", None: "not checked"}[f.get("sha256_ok")]
             lines.append(f"    {name}: {f['size_bytes']} bytes, sha256 {check}")

@@ -91,3 +91,10 @@ def test_bad_draft_vocab_arguments(hf_models, tmp_path):
     with pytest.raises(ValueError, match="whole vocabulary"):
         _export(target=str(hf_models["llama"]), draft=str(hf_models["llama_b"]), out=tmp_path / "y", draft_vocab=128)
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_inspect_shows_the_subset(subset_pair):
+    from ortspec.inspect import format_report, inspect_bundle
+    report = inspect_bundle(str(subset_pair[1]), checksums=False)
+    assert report["ok"] and report["models"]["draft"]["vocab_subset"]["full_size"] == 128
+    assert "output layer: 40 of 128 token ids (0..39)" in format_report(report)

@@ -51,7 +51,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     say = progress or (lambda _m: None)
     from ortspec.model import shared_thread_pool_active
     if shared_thread_pool_active():
-        raise ExportError("this process runs onnxruntime on its shared thread pool (use_shared_thread_pool), which "
+        raise ExportError("this process runs onnxruntime on its shared thread pool (thread_pool='shared'), which "
                           "the exporters' own onnxruntime sessions cannot use; export in another process or "
                           "before loading any bundle")
     _check_args(target, draft, draft_quant, target_quant)

@@ -7,12 +7,11 @@ from .config import SamplingConfig, SpeculationConfig
 from .errors import (BundleError, CacheOverflowError, ExportError, IncompatibleModelsError,
                      ModelRunError, OrtspecError, ProviderUnavailableError)
 from .generator import Event, InvariantError, Result, SpeculativeGenerator, Stats
-from .model import use_shared_thread_pool
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "SpeculativeGenerator", "use_shared_thread_pool", "Result", "Stats", "Event", "SamplingConfig", "SpeculationConfig",
+    "SpeculativeGenerator", "Result", "Stats", "Event", "SamplingConfig", "SpeculationConfig",
     "OrtspecError", "BundleError", "IncompatibleModelsError", "CacheOverflowError",
     "ProviderUnavailableError", "ModelRunError", "ExportError", "InvariantError",
 ]

@@ -80,9 +80,11 @@ def load_prompts(path: Path) -> list[dict]:
 
 def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "model", max_new_tokens: int = 128,
               repeat: int = 1, chat: bool | None = None, provider: str = "cpu", threads: int | None = None,
+              thread_pool: str = "session",
               calibrate: bool = False, sampling: dict | None = None, progress=None) -> dict:
     sampling = dict(sampling or {})
-    spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none")
+    spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
+                                     thread_pool=thread_pool)
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
     if chat is None:
         chat = bool(base.codec and base.codec.chat_template)

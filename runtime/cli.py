@@ -186,11 +186,8 @@ def _gamma(value: str):
         raise ValueError(f"--num-draft-tokens must be an integer or 'auto', got {value!r}") from None
 
 
-def _shared_pool(args) -> None:
-    """The command owns its process: run both models on onnxruntime's one shared thread pool (faster)."""
-    from .model import use_shared_thread_pool
-    if getattr(args, "provider", "cpu") == "cpu":
-        use_shared_thread_pool(args.threads)
+# The commands own their process: both models run on onnxruntime's one shared thread pool (faster).
+POOL = "shared"
 
 
 def cmd_export(args) -> int:
@@ -243,9 +240,8 @@ def cmd_generate(args) -> int:
                                              recipe=args.recipe, out=args.bundle, overwrite=False,
                                              trust_remote_code=False, json=False)
             cmd_export(export_args)
-    _shared_pool(args)
     gen = SpeculativeGenerator.load(args.bundle, provider=args.provider, drafter=args.drafter,
-                                    threads=args.threads)
+                                    threads=args.threads, thread_pool=POOL)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                   seed=args.seed, num_draft_tokens=_gamma(args.num_draft_tokens),
@@ -278,7 +274,6 @@ def cmd_bench(args) -> int:
         raise ValueError("--repeat must be >= 1")
     sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     repetition_penalty=args.repetition_penalty)
-    _shared_pool(args)
     items = load_prompts(prompts_path)
     if args.kind:
         kinds = sorted({it["kind"] for it in items})
@@ -288,7 +283,7 @@ def cmd_bench(args) -> int:
                              f"{', '.join(k or '(none)' for k in kinds)}")
     report = run_bench(args.bundle, items, gammas, drafter=args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
-                       provider=args.provider, threads=args.threads, calibrate=args.calibrate, sampling=sampling,
+                       provider=args.provider, threads=args.threads, thread_pool=POOL, calibrate=args.calibrate, sampling=sampling,
                        progress=lambda m: print(f"\r[ortspec bench] {m}    ", end="", file=sys.stderr, flush=True))
     print(file=sys.stderr)
     if args.out:
@@ -339,10 +334,9 @@ def cmd_verify(args) -> int:
         items = load_prompts(Path(args.prompts) if args.prompts else _default_prompts())
         prompts = [codec.encode(it["prompt"], chat=chat) for it in items]
     drafter = args.drafter.replace("-", "_") if args.drafter else None
-    _shared_pool(args)
     report = run_verify(args.bundle, prompts, gammas, sampling, samples=args.samples, seed=args.seed or 0,
                         prefixes=args.prefixes, ks=ks, drafter=drafter, max_new_tokens=args.greedy_tokens,
-                        provider=args.provider, threads=args.threads,
+                        provider=args.provider, threads=args.threads, thread_pool=POOL,
                         progress=lambda m: print(f"[ortspec verify] {m}", file=sys.stderr, flush=True))
     print(json.dumps(report, indent=2) if args.json else format_verify(report))
     return {"pass": 0, "fail": 1, "inconclusive": 2}[report["verdict"]]

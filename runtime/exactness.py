@@ -48,11 +48,13 @@ class GreedyReport:
 def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[int],
                  drafters: Sequence[str] = ("model",), max_new_tokens: int = 64,
                  tie_tolerance: float = 1e-4, provider: str = "cpu", threads: int | None = None,
+                 thread_pool: str = "session",
                  repetition_penalty: float = 1.0, progress=None) -> GreedyReport:
     """Compare speculative greedy output with target-only greedy output, token for token."""
     from .generator import SpeculativeGenerator
 
     first = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafters[0], threads=threads,
+                                      thread_pool=thread_pool,
                                       verify="none")
     base = first.sibling("none")  # one copy of the target in memory
     gens = {d: first if d == drafters[0] else first.sibling(d) for d in drafters}
@@ -191,9 +193,11 @@ class DistributionResult:
                 "tests": self.tests}
 
 
-def memoized_generator(bundle_dir: str, drafter: str, provider: str = "cpu", threads: int | None = None):
+def memoized_generator(bundle_dir: str, drafter: str, provider: str = "cpu", threads: int | None = None,
+                       thread_pool: str = "session"):
     from .generator import SpeculativeGenerator
-    gen = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafter, threads=threads, verify="none")
+    gen = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafter, threads=threads, verify="none",
+                                    thread_pool=thread_pool)
     gen.target = MemoLM(gen.target)
     if getattr(gen.drafter, "lm", None) is not None:
         gen.drafter.lm = MemoLM(gen.drafter.lm)
@@ -252,7 +256,8 @@ def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma
 def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[int], sampling: dict,
                samples: int = 20_000, seed: int = 0, prefixes: int = 2, ks: Sequence[int] = (1, 2),
                drafter: str | None = None, max_new_tokens: int = 32, alpha: float = 1e-3,
-               provider: str = "cpu", threads: int | None = None, configure=None, progress=None) -> dict:
+               provider: str = "cpu", threads: int | None = None, configure=None, progress=None,
+               thread_pool: str = "session") -> dict:
     """The whole certificate: greedy equality, distribution test, and its negative control.
 
     ``configure(generator)`` may alter the generator under test before the
@@ -265,8 +270,8 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     say("greedy check")
     greedy = greedy_check(bundle_dir, prompts, gammas, drafters=(drafter,), max_new_tokens=max_new_tokens,
                           repetition_penalty=sampling.get("repetition_penalty", 1.0), provider=provider,
-                          threads=threads)
-    gen = memoized_generator(bundle_dir, drafter, provider, threads)
+                          threads=threads, thread_pool=thread_pool)
+    gen = memoized_generator(bundle_dir, drafter, provider, threads, thread_pool)
     if configure is not None:
         configure(gen)
     gamma = max(gammas)

@@ -16,7 +16,7 @@ from .controller import make_controller
 from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
 from .logits import LogitsPipeline
-from .model import CausalLM
+from .model import CausalLM, THREAD_POOLS
 from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, sampled_verify
 
@@ -147,8 +147,14 @@ class SpeculativeGenerator:
     # -- construction -------------------------------------------------------
     @classmethod
     def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str = "model",
-             threads: int | None = None, verify: str = "full") -> "SpeculativeGenerator":
-        """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none"."""
+             threads: int | None = None, verify: str = "full",
+             thread_pool: str = "session") -> "SpeculativeGenerator":
+        """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none".
+
+        thread_pool: "session" (a thread pool per model, onnxruntime's default) or "shared" (both models on
+        onnxruntime's process-wide pool: faster, as the draft and target alternate; but onnxruntime then
+        requires every later session in the process to use it, and export must run in another process).
+        """
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise ValueError(f"bundle_dir must be a path, got {type(bundle_dir).__name__}")
         drafter = drafter.replace("-", "_") if isinstance(drafter, str) else drafter
@@ -156,16 +162,20 @@ class SpeculativeGenerator:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        if thread_pool not in THREAD_POOLS:
+            raise ValueError(f"thread_pool must be 'session' or 'shared', got {thread_pool!r}")
         bundle = load_bundle(bundle_dir, verify=verify)
         if drafter == "model" and bundle.draft is None:
             raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
                               "'none', or export with --draft")
-        target = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads)
+        target = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads,
+                          thread_pool=thread_pool)
         codec = TextCodec(bundle.tokenizer_file, bundle.tokenizer_config) if bundle.tokenizer_file else None
         disabled = False
         if drafter == "model":
             try:
-                impl = ModelDrafter(CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads))
+                impl = ModelDrafter(CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
+                                             thread_pool=thread_pool))
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
             except Exception as exc:

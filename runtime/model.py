@@ -41,50 +41,49 @@ _ELEM = {"float32": 1, "float16": 10}
 _NP = {"float32": np.float32, "float16": np.float16}
 
 
-_shared_pool_threads: int | None = None  # size of the process-wide pool once ortspec created it
+THREAD_POOLS = ("session", "shared")
+_shared_pool_threads: int | None = None  # size of onnxruntime's process-wide pool once created here
 
 
-def use_shared_thread_pool(threads: int | None = None) -> bool:
-    """Run every ortspec session of this process on onnxruntime's process-wide thread pool.
-
-    The draft and the target alternate many times per token. With a pool per
-    session (onnxruntime's default) every step on 2 cores ran about 2x slower
-    while the two alternated than in a loop of its own (a round of 4 draft steps
-    and a 5-token verify: 79-89 ms; 39-42 ms on one shared pool), and a plain
-    target-only decode was ~20% slower. Call this before loading; ``threads``
-    sizes the pool (None: one per physical core) and later ``threads=``
-    arguments are ignored. Caveat: onnxruntime then requires *every* session
-    created afterwards in this process, also ones not made by ortspec, to use
-    the shared pool; exporting in the same process is no longer possible.
-    The ``ortspec`` commands turn it on. Returns False when onnxruntime refuses
-    (for instance when someone else created the pool already).
-    """
+def _shared_pool(threads: int | None) -> None:
+    """Create onnxruntime's process-wide intra-op pool on first use (later sizes are ignored)."""
     global _shared_pool_threads
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-    if _shared_pool_threads is not None:
-        return True
-    try:
-        from onnxruntime.capi import _pybind_state
-        _pybind_state.set_global_thread_pool_sizes(threads or 0, 1)
-    except Exception:
-        return False
-    _shared_pool_threads = threads or 0
-    return True
+    if _shared_pool_threads is None:
+        try:
+            from onnxruntime.capi import _pybind_state
+            _pybind_state.set_global_thread_pool_sizes(int(threads or 0), 1)
+        except Exception:
+            pass  # created already (by another library): sessions simply join it
+        _shared_pool_threads = int(threads or 0)
 
 
 def shared_thread_pool_active() -> bool:
     return _shared_pool_threads is not None
 
 
-def session_options(threads: int | None) -> ort.SessionOptions:
-    """Options for one graph's session: the shared pool when active, else ``threads`` intra-op threads of its
-    own (None: onnxruntime's default, one per physical core)."""
+def session_options(threads: int | None, thread_pool: str = "session") -> ort.SessionOptions:
+    """Options for one graph's session.
+
+    thread_pool "session" (onnxruntime's default): a pool of ``threads`` intra-op
+    threads (None: one per physical core) for this session alone. "shared": every
+    session on onnxruntime's one process-wide pool. The draft and the target
+    alternate many times per token; with a pool each, every step on 2 cores ran
+    about 2x slower while the two alternated than in a loop of its own (4 draft
+    steps + one 5-token verify of SmolLM2: 79-89 ms; 39-42 ms on one shared
+    pool). Once the shared pool exists, onnxruntime requires *every* later
+    session of the process to use it.
+    """
+    if thread_pool not in THREAD_POOLS:
+        raise ValueError(f"thread_pool must be 'session' or 'shared', got {thread_pool!r}")
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if _shared_pool_threads is not None:
+    if thread_pool == "shared":
+        _shared_pool(threads)
         so.use_per_session_threads = False
         return so
+    if _shared_pool_threads is not None:
+        raise ValueError("this process already runs onnxruntime on its shared thread pool, and onnxruntime then "
+                         "refuses sessions with threads of their own: load with thread_pool='shared'")
     if threads:
         so.intra_op_num_threads = int(threads)
     so.inter_op_num_threads = 1
@@ -113,13 +112,13 @@ class CausalLM:
     RESERVE_STEP = 256  # static caches grow in multiples of this many positions
 
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
-                 threads: int | None = None, trim: str = "auto"):
+                 threads: int | None = None, trim: str = "auto", thread_pool: str = "session"):
         self.spec = spec
         self._subset = [tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None
         self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
         providers = providers_for(provider)
-        so = session_options(threads)
+        so = session_options(threads, thread_pool)
         try:
             self.session = ort.InferenceSession(model_path, so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
@@ -132,7 +131,7 @@ class CausalLM:
         self._host_trim = trim == "host" or (trim == "auto" and self.device == "cpu")
         needs_trimmer = spec.kv_cache == "concat" and not self._host_trim
         self._trimmer = None if not needs_trimmer else ort.InferenceSession(
-            kv_trim_graph(2 * spec.num_layers, _ELEM[spec.dtype]), session_options(1), providers=providers)
+            kv_trim_graph(2 * spec.num_layers, _ELEM[spec.dtype]), session_options(1, thread_pool), providers=providers)
         self._kv_in = [n for pair in spec.kv_inputs for n in pair]
         self._kv_out = [n for pair in spec.kv_outputs for n in pair]
         self.static = spec.kv_cache == "static"

@@ -121,12 +121,12 @@ def main() -> int:
 
     if "transformers" in peers:
         import torch
-    from ortspec import SpeculativeGenerator, use_shared_thread_pool
+    from ortspec import SpeculativeGenerator
     from ortspec.bench import load_prompts
     if "genai" in peers:  # its sessions keep their own threads: create them before the shared pool exists
         alone, paired = genai_models(Path(args.bundle), args.threads, args.num_draft_tokens)
-    use_shared_thread_pool(args.threads)  # as the ortspec commands do
-    spec = SpeculativeGenerator.load(args.bundle, threads=args.threads, verify="none")
+    spec = SpeculativeGenerator.load(args.bundle, threads=args.threads, verify="none",
+                                     thread_pool="shared")  # as the ortspec commands do
     base, lookup = spec.sibling("none"), spec.sibling("prompt_lookup")
     b = spec.bundle
     eos = sorted(b.eos_token_ids)

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write genai_config.json files so onnxruntime-genai runs the bundle's graphs (the "
                         "pair at the bundle root, each model alone in its directory); with --out naming an "
                         "existing bundle and no --target/--recipe, only adds them to that bundle")
-    p.add_argument("--genai-max-draft-tokens", type=int, default=4,
+    p.add_argument("--genai-max-draft-tokens", type=int, default=4, metavar="N",
                    help="speculative.max_draft_tokens in the pair's genai_config.json (1-16, default 4)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON when done")
 

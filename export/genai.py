@@ -151,11 +151,12 @@ def _config(bundle: Bundle, spec: ModelSpec, models: dict, share: bool) -> dict:
     eos = bundle.eos_token_ids
     special = spec.special_ids or {}
     pad = special.get("pad_token_id")
-    return {"model": {"type": kind, "vocab_size": spec.vocab_size, "context_length": spec.max_positions,
-                      "bos_token_id": special.get("bos_token_id"),
-                      "eos_token_id": eos if len(eos) != 1 else eos[0],
-                      "pad_token_id": pad if pad is not None else -1,
-                      **models},
+    model = {"type": kind, "vocab_size": spec.vocab_size, "context_length": spec.max_positions,
+             "eos_token_id": eos if len(eos) != 1 else eos[0],
+             "pad_token_id": pad if pad is not None else -1, **models}
+    if special.get("bos_token_id") is not None:  # genai wants a number or nothing (Qwen has no BOS)
+        model["bos_token_id"] = special["bos_token_id"]
+    return {"model": model,
             "search": {"do_sample": False, "num_beams": 1, "max_length": spec.max_positions, "min_length": 0,
                        "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0,
                        "no_repeat_ngram_size": 0, "num_return_sequences": 1, "early_stopping": True,

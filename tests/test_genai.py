@@ -123,3 +123,15 @@ def test_compare_peers_runs_genai_on_the_same_graphs(pair_bundle, tmp_path):
     assert all(r["tokens_per_s"] > 0 for r in rows.values())
     assert rows["genai target-only"]["runs_with_other_tokens"] == 0
     assert rows["genai draft model K=4"]["runs_with_other_tokens"] == 0
+
+
+def test_model_without_bos(pair_bundle, tmp_path):
+    """Qwen has no BOS token: the config must leave the key out (genai rejects null)."""
+    bundle = _copy(pair_bundle, tmp_path)
+    manifest = json.loads((bundle / "ortspec.json").read_text())
+    for model in manifest["models"].values():
+        model["special_ids"]["bos_token_id"] = None
+    (bundle / "ortspec.json").write_text(json.dumps(manifest))
+    write_genai_config(bundle)
+    assert "bos_token_id" not in json.loads((bundle / CONFIG).read_text())["model"]
+    _check_same_tokens(bundle, new=12)

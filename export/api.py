@@ -209,6 +209,9 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     t_quant = None
     if target_quant:
         say(f"quantizing target to {target_quant}")
+        say(f"note: {target_quant} kernels quantize activations, so a position's logits can differ slightly with "
+            "the number of tokens in a pass; speculative output then matches target-only output only up to those "
+            "differences (check with `ortspec verify`; float targets do not have this)")
         t_quant = quantize(fp32, tmp / "target", target_quant)
         shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
     models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None)

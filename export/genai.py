@@ -167,3 +167,24 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
+
+
+def genai_greedy(model, ids: list[int], max_new_tokens: int, **speculative) -> tuple[list[int], dict]:
+    """Greedy-decode ``ids`` with an ``onnxruntime_genai.Model``; returns (new token ids, speculative stats).
+
+    ``speculative`` goes to ``GeneratorParams.set_speculative_options`` (e.g. max_draft_tokens,
+    ngram_size, min_adaptive_k); the stats are empty when none is given.
+    """
+    import numpy as np
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
+    if speculative:
+        params.set_speculative_options(**speculative)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([ids], dtype=np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    stats = gen.get_speculative_stats() if speculative else {}
+    return [int(t) for t in gen.get_sequence(0)][len(ids):], stats

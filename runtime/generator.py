@@ -16,7 +16,7 @@ from .controller import make_controller
 from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
 from .logits import LogitsPipeline
-from .model import CausalLM, THREAD_POOLS
+from .model import CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, sampled_verify
 
@@ -162,8 +162,7 @@ class SpeculativeGenerator:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
-        if thread_pool not in THREAD_POOLS:
-            raise ValueError(f"thread_pool must be 'session' or 'shared', got {thread_pool!r}")
+        check_thread_pool(thread_pool)
         bundle = load_bundle(bundle_dir, verify=verify)
         if drafter == "model" and bundle.draft is None:
             raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "

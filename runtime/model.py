@@ -57,6 +57,11 @@ def _shared_pool(threads: int | None) -> None:
         _shared_pool_threads = int(threads or 0)
 
 
+def check_thread_pool(value) -> None:
+    if value not in THREAD_POOLS:
+        raise ValueError(f"thread_pool must be 'session' or 'shared', got {value!r}")
+
+
 def shared_thread_pool_active() -> bool:
     return _shared_pool_threads is not None
 
@@ -73,8 +78,7 @@ def session_options(threads: int | None, thread_pool: str = "session") -> ort.Se
     pool). Once the shared pool exists, onnxruntime requires *every* later
     session of the process to use it.
     """
-    if thread_pool not in THREAD_POOLS:
-        raise ValueError(f"thread_pool must be 'session' or 'shared', got {thread_pool!r}")
+    check_thread_pool(thread_pool)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     if thread_pool == "shared":

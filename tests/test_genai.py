@@ -7,12 +7,11 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from ortspec import SpeculativeGenerator
 from ortspec.errors import ExportError
-from ortspec.export.genai import CONFIG, VARIANT, _pattern, write_genai_config
+from ortspec.export.genai import CONFIG, VARIANT, _pattern, genai_greedy, write_genai_config
 
 PROMPTS = ([1, 5, 6, 7], [1, 9, 9, 9, 3, 4, 100, 2, 17])  # the second holds the eos id mid-prompt
 
@@ -25,17 +24,7 @@ def _copy(bundle: Path, tmp_path: Path) -> Path:
 
 def _genai_tokens(where: Path, ids: list[int], new: int, **spec) -> tuple[list[int], dict]:
     og = pytest.importorskip("onnxruntime_genai")
-    model = og.Model(str(where))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + new, do_sample=False)
-    if spec:
-        params.set_speculative_options(**spec)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.array([ids], dtype=np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    stats = gen.get_speculative_stats() if spec else {}
-    return [int(t) for t in gen.get_sequence(0)][len(ids):], stats
+    return genai_greedy(og.Model(str(where)), ids, new, **spec)
 
 
 def _check_same_tokens(bundle: Path, new: int = 40) -> None:

@@ -75,18 +75,9 @@ def genai_models(bundle: Path, threads: int, gamma: int):
 
 
 def genai_run(model, ids, max_new, **spec_opts) -> tuple[list[int], float]:
-    import numpy as np
-    import onnxruntime_genai as og
+    from ortspec.export.genai import genai_greedy
     t0 = time.perf_counter()
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + max_new, do_sample=False)
-    if spec_opts:
-        params.set_speculative_options(**spec_opts)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.array([ids], dtype=np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    out = [int(t) for t in gen.get_sequence(0)][len(ids):]
+    out, _ = genai_greedy(model, ids, max_new, **spec_opts)
     return out, time.perf_counter() - t0
 
 

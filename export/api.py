@@ -287,7 +287,8 @@ def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: st
         quantization=quant, source=info["source"],
         sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
         special_ids=info["special_ids"], tokenizer=tokenizer, kv_cache=facts["kv_cache"],
-        seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"], vocab_subset=subset)
+        seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"], vocab_subset=subset,
+        logits_to_keep=facts["logits_to_keep"])
     return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
 
 

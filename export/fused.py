@@ -10,6 +10,9 @@ about 11 nodes per layer:
     -> MatMul(O) -> SkipSimplifiedLayerNormalization -> MatMul(gate|up, packed) -> Split
     -> QuickGelu(alpha=1) (= SiLU) -> Mul -> MatMul(down)
 
+and after the last layer the final norm and the output layer, which runs on the
+last ``logits_to_keep`` positions only (graph.keep_logits_rows).
+
 KV cache (``kv_cache = "static"`` in the manifest): every layer's past and
 present K/V are the *same* fixed-capacity buffer [1, kv_heads, capacity,
 head_dim]; the graph writes the new positions in place and reads only the
@@ -24,6 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ortspec.errors import ExportError
+
+from .graph import keep_logits_rows
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 OPSET = 17
@@ -169,4 +174,5 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
     onnx_model.ir_version = 8
     data.close()
     onnx.save_model(onnx_model, str(path))
+    keep_logits_rows(path)
     return path

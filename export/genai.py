@@ -1,15 +1,16 @@
 """genai_config.json for a bundle, so onnxruntime-genai runs the very same graphs.
 
 onnxruntime-genai feeds a decoder ``input_ids``, ``attention_mask`` (ones over
-every valid position) and, where the graph has one, ``position_ids``. Graphs
-exported by optimum already take those. Fused graphs take the valid length as
-``seqlens_k`` / ``total_sequence_length`` instead, so for them a small second
-graph file ``model.genai.onnx`` is written beside ``model.onnx``: the same
-nodes and the same external weight file (nothing is copied), with five nodes in
-front that derive both numbers from the mask::
+every valid position) and, where the graph has one, ``position_ids``. ortspec's
+graphs take more: ``logits_to_keep`` (how many positions get logits), and fused
+graphs the valid length as ``seqlens_k`` / ``total_sequence_length`` instead of
+a mask. So a small second graph file ``model.genai.onnx`` is written beside
+``model.onnx``: the same nodes and the same external weight file (nothing is
+copied), with a few nodes in front that derive those inputs from genai's::
 
     seqlens_k             = int32(ReduceSum(attention_mask, axis 1) - 1)
     total_sequence_length = int32(Shape(attention_mask)[1])
+    logits_to_keep        = Shape(input_ids)[1:2]       (every fed position)
 
 Files written (each atomically, the pair config last):
 
@@ -67,43 +68,49 @@ def write_genai_config(bundle_dir: str | os.PathLike, max_draft_tokens: int = 4)
 
 def _genai_graph(bundle: Bundle, spec: ModelSpec) -> str:
     """The graph file onnxruntime-genai should load for ``spec``, relative to the bundle."""
-    if spec.kv_cache == "concat":
-        if not spec.attention_mask:
-            raise ExportError(f"{spec.path} takes no attention_mask, which onnxruntime-genai needs; "
-                              "re-export with graph='optimum'")
-        return spec.path
+    if spec.kv_cache == "concat" and not spec.attention_mask:
+        raise ExportError(f"{spec.path} takes no attention_mask, which onnxruntime-genai needs; "
+                          "re-export with graph='optimum'")
+    if spec.kv_cache == "concat" and not spec.logits_to_keep:
+        return spec.path  # genai feeds every input this graph takes
     variant = Path(spec.path).with_name(VARIANT).as_posix()
-    _write_mask_variant(bundle.file(spec.path), bundle.root / variant, spec)
+    _write_variant(bundle.file(spec.path), bundle.root / variant, spec)
     return variant
 
 
-def _write_mask_variant(src: Path, dst: Path, spec: ModelSpec) -> None:
+def _write_variant(src: Path, dst: Path, spec: ModelSpec) -> None:
+    """``src`` with the inputs genai does not feed derived from those it does (nodes in front)."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(str(src), load_external_data=False)  # weights stay in the shared data file
     graph = model.graph
-    wanted = {spec.seqlens_k, spec.total_sequence_length}
+    wanted = {spec.seqlens_k, spec.total_sequence_length, spec.logits_to_keep} - {None}
     kept = [i for i in graph.input if i.name not in wanted]
-    if len(kept) != len(graph.input) - 2:
+    if len(kept) != len(graph.input) - len(wanted):
         raise ExportError(f"{src} lacks the inputs {sorted(wanted)} its manifest names; re-export the bundle")
     mask = "attention_mask"
-    if any(i.name == mask for i in graph.input):
-        raise ExportError(f"{src} already has an input named {mask}")
-    tag = "genai_mask"
-    nodes = [
-        helper.make_node("Constant", [], [f"{tag}/axes"], value=helper.make_tensor("v", TensorProto.INT64, [1], [1])),
-        helper.make_node("ReduceSum", [mask, f"{tag}/axes"], [f"{tag}/valid"], keepdims=0),
-        helper.make_node("Constant", [], [f"{tag}/one"], value=helper.make_tensor("v", TensorProto.INT64, [], [1])),
-        helper.make_node("Sub", [f"{tag}/valid", f"{tag}/one"], [f"{tag}/last"]),
-        helper.make_node("Cast", [f"{tag}/last"], [spec.seqlens_k], to=TensorProto.INT32),
-        helper.make_node("Shape", [mask], [f"{tag}/shape"], start=1, end=2),
-        helper.make_node("Squeeze", [f"{tag}/shape"], [f"{tag}/total"]),
-        helper.make_node("Cast", [f"{tag}/total"], [spec.total_sequence_length], to=TensorProto.INT32),
-    ]
+    nodes, inputs = [], list(kept)
+    if spec.kv_cache == "static":
+        if any(i.name == mask for i in graph.input):
+            raise ExportError(f"{src} already has an input named {mask}")
+        tag = "genai_mask"
+        nodes += [
+            helper.make_node("Constant", [], [f"{tag}/axes"], value=helper.make_tensor("v", TensorProto.INT64, [1], [1])),
+            helper.make_node("ReduceSum", [mask, f"{tag}/axes"], [f"{tag}/valid"], keepdims=0),
+            helper.make_node("Constant", [], [f"{tag}/one"], value=helper.make_tensor("v", TensorProto.INT64, [], [1])),
+            helper.make_node("Sub", [f"{tag}/valid", f"{tag}/one"], [f"{tag}/last"]),
+            helper.make_node("Cast", [f"{tag}/last"], [spec.seqlens_k], to=TensorProto.INT32),
+            helper.make_node("Shape", [mask], [f"{tag}/shape"], start=1, end=2),
+            helper.make_node("Squeeze", [f"{tag}/shape"], [f"{tag}/total"]),
+            helper.make_node("Cast", [f"{tag}/total"], [spec.total_sequence_length], to=TensorProto.INT32),
+        ]
+        inputs = [kept[0], helper.make_tensor_value_info(mask, TensorProto.INT64, [1, "total_sequence_length"]),
+                  *kept[1:]]
+    if spec.logits_to_keep:  # genai reads the logits of every position it feeds
+        nodes.append(helper.make_node("Shape", [spec.input_ids], [spec.logits_to_keep], start=1, end=2))
     del graph.input[:]
-    graph.input.extend([kept[0], helper.make_tensor_value_info(mask, TensorProto.INT64, [1, "total_sequence_length"]),
-                        *kept[1:]])
+    graph.input.extend(inputs)
     body = list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes + body)

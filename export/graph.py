@@ -10,6 +10,7 @@ import warnings
 from ortspec.errors import ExportError
 
 DATA_SUFFIX = ".data"
+KEEP_INPUT = "logits_to_keep"
 _KV_IN = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _KV_OUT = re.compile(r"^present\.(\d+)\.(key|value)$")
 
@@ -48,7 +49,43 @@ def export_model(model, out_dir: Path, graph: str = "auto", dtype: str = "fp32")
         src = Path(raw) / "model.onnx"
         if not src.is_file():
             raise ExportError(f"optimum produced no model.onnx for {type(model).__name__}")
+        keep_logits_rows(src)
         return consolidate(src, out_dir / "model.onnx")
+
+
+def keep_logits_rows(path: Path) -> None:
+    """Give the graph at ``path`` an input ``logits_to_keep`` (int64 [1]): the output layer runs on the last
+    that many positions only, so a prompt's other positions cost their K/V and nothing more.
+
+    The logits must come from one MatMul (the lm_head); a Slice on its activation input is inserted. A
+    value larger than the pass keeps every row. Weights are not touched (external data stays where it is).
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    if any(i.name == KEEP_INPUT for i in graph.input):
+        return
+    producer = next((n for n in graph.node if "logits" in n.output), None)
+    if producer is None or producer.op_type != "MatMul":
+        raise ExportError(f"{path}: its logits do not come from one MatMul, so the output layer cannot be limited "
+                          "to the positions the runtime uses; export with --graph fused or report the model")
+    tag = "keep_rows"
+    graph.initializer.extend([numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), f"{tag}/end"),
+                              numpy_helper.from_array(np.array([1], np.int64), f"{tag}/axis")])
+    rows = helper.make_node("Neg", [KEEP_INPUT], [f"{tag}/start"], name=f"{tag}/neg")
+    cut = helper.make_node("Slice", [producer.input[0], f"{tag}/start", f"{tag}/end", f"{tag}/axis"],
+                           [f"{tag}/hidden"], name=f"{tag}/slice")
+    producer.input[0] = f"{tag}/hidden"
+    at = list(graph.node).index(producer)
+    graph.node.insert(at, cut)
+    graph.node.insert(at, rows)
+    graph.input.append(helper.make_tensor_value_info(KEEP_INPUT, TensorProto.INT64, [1]))
+    tmp = path.with_name(path.name + ".keep")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, path)
 
 
 def consolidate(src: Path, dst: Path, fold_transposes: bool = False) -> Path:
@@ -155,6 +192,7 @@ def graph_facts(path: Path) -> dict:
         "seqlens_k": "seqlens_k" if static else None,
         "total_sequence_length": "total_sequence_length" if static else None,
         "position_ids": "position_ids" if "position_ids" in ins else None,
+        "logits_to_keep": KEEP_INPUT if KEEP_INPUT in ins else None,
         "logits": "logits", "kv_inputs": kv_in, "kv_outputs": kv_out,
         "num_layers": len(kv_in), "num_kv_heads": int(shape[1]), "head_dim": int(shape[3]),
         "vocab_size": int(dims(outs["logits"])[-1]),

@@ -50,6 +50,8 @@ class ModelSpec:
     # a draft whose output layer covers only some token ids: {"full_size": V, "ranges": [[start, stop], ...]};
     # logit column j belongs to the j-th id of the ranges, every other id has probability 0
     vocab_subset: dict | None = None
+    # int64 [1] input: the output layer runs on the last that many positions only (None: every position)
+    logits_to_keep: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
@@ -71,6 +73,7 @@ class ModelSpec:
                 kv_cache=str(d.get("kv_cache", "concat")), seqlens_k=d.get("seqlens_k"),
                 total_sequence_length=d.get("total_sequence_length"),
                 vocab_subset=_vocab_subset(d.get("vocab_subset"), int(d["vocab_size"]), role),
+                logits_to_keep=d.get("logits_to_keep"),
             )
         except BundleError:
             raise
@@ -79,7 +82,7 @@ class ModelSpec:
                               "re-export the bundle with `ortspec export`") from None
         names = [spec.input_ids, spec.logits, spec.path] + [n for p in spec.kv_inputs + spec.kv_outputs for n in p]
         optional = [spec.data, spec.attention_mask, spec.position_ids, spec.seqlens_k, spec.total_sequence_length,
-                    spec.tokenizer]
+                    spec.tokenizer, spec.logits_to_keep]
         if not all(isinstance(n, str) and n for n in names) or not all(o is None or isinstance(o, str) for o in optional):
             raise BundleError(f"manifest entry models.{role} has a name or path that is not a string; re-export")
         if spec.quantization is not None and not isinstance(spec.quantization, dict):

@@ -54,6 +54,8 @@ def _round(target, draft, context: list[int], k: int) -> tuple[float, float]:
 def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 5) -> dict:
     """Step costs (seconds) at a fixed context length, after a warm-up of every model."""
     ctx = [int(t) for t in np.random.default_rng(0).integers(3, 100, context)]
+    saved = target.bitwise
+    target.bitwise = False  # raw cost of each pass size; bitwise decoding reads C_t(2) for one-token steps
     for lm in filter(None, (target, draft)):
         lm.prefill(ctx)
         _timed(lm, ctx, 1, 3)  # warm-up: first runs pay for page faults and allocations
@@ -74,6 +76,7 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
         out["draft_cost"] = draft_cost
     for lm in filter(None, (target, draft)):
         lm.reset()
+    target.bitwise = saved
     return out
 
 

@@ -44,12 +44,22 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    """How many tokens to draft per round: a fixed count or "auto"."""
+    """How many tokens to draft per round (a fixed count or "auto"), and whether target passes are bitwise.
+
+    ``bitwise`` (default): no target pass has a single position, so every committed token's logits come
+    from onnxruntime's multi-row kernels, whose per-position results do not depend on what else shares
+    the pass: greedy output is then identical, token for token, whatever the drafter, the draft length or
+    the prefix reuse, and identical to target-only decoding. ``False`` lets target-only steps take the
+    one-row kernels (a little faster on some targets; output then matches only up to their rounding).
+    """
 
     num_draft_tokens: int | str = 4
     max_draft_tokens: int = 16
+    bitwise: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.bitwise, bool):
+            raise ValueError(f"bitwise must be True or False, got {self.bitwise!r}")
         n = self.num_draft_tokens
         if n == "auto":
             return

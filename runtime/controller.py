@@ -95,5 +95,9 @@ def make_controller(speculation: SpeculationConfig, generator):
         profile = dict(generator.profile())
         if lm is None:
             profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
+        costs = list(profile.get("target_costs") or [])
+        if speculation.bitwise and len(costs) >= 2:
+            costs[0] = costs[1]  # bitwise target-only steps are passes of two positions
+        profile["target_costs"] = costs
         return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
     return FixedController(int(speculation.num_draft_tokens))

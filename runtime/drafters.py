@@ -81,7 +81,7 @@ class ModelDrafter:
         tokens: list[int] = []
         rows = []
         for _ in range(gamma):
-            logits = self.lm.forward(feed)[-1:]
+            logits = self.lm.forward(feed, keep=1)
             context = committed + tokens
             if sampling:
                 q = pipeline.probs(logits, context)[0]

@@ -110,10 +110,15 @@ class MemoLM:
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self._max_rows = max(64, max_bytes // (4 * lm.spec.output_vocab))
         self.horizon: tuple[int, int] | None = None
+        self.bitwise = False
 
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def canonical_length(self) -> int:
+        return len(self.tokens)  # memoized rows are what they are: any cached prefix may be reused
 
     @property
     def capacity(self) -> int:
@@ -134,11 +139,11 @@ class MemoLM:
             raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
 
-    def prefill(self, ids):
+    def prefill(self, ids, keep=None):
         self.reset()
-        return self.forward(ids)
+        return self.forward(ids, keep)
 
-    def forward(self, ids) -> np.ndarray:
+    def forward(self, ids, keep=None) -> np.ndarray:
         full = self.tokens + [int(t) for t in ids]
         start = len(self.tokens)
         keys = [tuple(full[: j + 1]) for j in range(start, len(full))]
@@ -157,13 +162,14 @@ class MemoLM:
             while tuple(full[:end]) not in keys:  # stand-ins need no run
                 end -= 1
             real.rollback(min(common_prefix(real.tokens, full), start))
+            real.bitwise = self.bitwise
             first = real.length
             rows = real.forward(full[first:end])
             for j, row in zip(range(first, end), rows):
                 self._memo[tuple(full[: j + 1])] = row
             while len(self._memo) > self._max_rows:
                 self._memo.popitem(last=False)
-        out = np.stack([self._memo[k] for k in keys])
+        out = np.stack([self._memo[k] for k in keys[len(keys) - (keep or len(keys)):]])
         self.tokens = full
         return out
 

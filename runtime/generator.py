@@ -232,11 +232,12 @@ class SpeculativeGenerator:
                top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
                bad_words_ids: Sequence[Sequence[int]] = (), seed: int | None = None,
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
-               strict: bool = False, chat: bool = False, system: str | None = None) -> "_Stream":
+               strict: bool = False, chat: bool = False, system: str | None = None,
+               bitwise: bool = True) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work."""
         sampling = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty,
                                   tuple(tuple(w) for w in bad_words_ids))
-        speculation = SpeculationConfig(num_draft_tokens)
+        speculation = SpeculationConfig(num_draft_tokens, bitwise=bitwise)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -260,9 +261,13 @@ class SpeculativeGenerator:
         target, sampling = self.target, req.sampling.do_sample
         committed = list(req.prompt_ids)
         start = len(committed)
-        # Reuse whatever cached prefix still matches (the last token is always re-fed), and make
-        # room for the whole request at once (a static cache grows by copying otherwise).
-        target.rollback(min(common_prefix(target.tokens, committed), start - 1))
+        # Bitwise: no target pass of a size whose rows round differently (DESIGN §3, pass-size invariance).
+        target.bitwise = req.speculation.bitwise
+        # Reuse whatever cached prefix still matches (the last token is always re-fed; bitwise, only
+        # positions computed in multi-row passes), and make room for the whole request at once (a static
+        # cache grows by copying otherwise).
+        reusable = target.canonical_length if req.speculation.bitwise else start
+        target.rollback(min(common_prefix(target.tokens, committed), start - 1, reusable))
         self._sync_drafter(committed)
         room = start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1
         for lm in (target, getattr(self.drafter, "lm", None)):
@@ -276,7 +281,7 @@ class SpeculativeGenerator:
             # 2. Draft gamma tokens with their sampling distributions q.
             draft = self._draft(committed, gamma, pipe, sampling, rng, stats)
             # 3. One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma+1 rows.
-            rows = target.forward(committed[target.length:] + draft.tokens)[-(len(draft.tokens) + 1):]
+            rows = target.forward(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
             # 4. Verify left to right; the next token is a correction or the bonus.
             verdict = self._verify(pipe, rows, committed, draft, sampling, rng)
             # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.
@@ -290,7 +295,7 @@ class SpeculativeGenerator:
             stats.record(len(draft.tokens), verdict.accepted, len(new), time.perf_counter() - t0)
             controller.update(len(draft.tokens), verdict.accepted)
             if req.strict:
-                self._check(before, new, rows)
+                self._check(before, new, rows, req.speculation.bitwise)
             yield from _events(decoder, new, verdict, len(draft.tokens))
             if reason:
                 outcome.append(reason)
@@ -333,8 +338,8 @@ class SpeculativeGenerator:
         self.drafter = NoDrafter()
         self.draft_disabled = True
 
-    def _check(self, before: list[int], new: list[int], rows: np.ndarray) -> None:
-        """strict=True: cache lengths, cached tokens, and logits vs a fresh prefill."""
+    def _check(self, before: list[int], new: list[int], rows: np.ndarray, bitwise: bool) -> None:
+        """strict=True: cache lengths, cached tokens, and logits vs a fresh prefill (bit for bit when bitwise)."""
         committed = before + new
         t = self.target
         if t.length != len(committed) - 1 or t.tokens != committed[:-1]:
@@ -345,9 +350,11 @@ class SpeculativeGenerator:
         m = len(new)
         fresh = t.reference_logits(committed[:-1])[-m:]
         got = rows[:m]
-        if not np.allclose(got, fresh, rtol=1e-4, atol=1e-4):
+        if not (np.array_equal(got, fresh) if bitwise else np.allclose(got, fresh, rtol=1e-4, atol=1e-4)):
             err = float(np.max(np.abs(got - fresh)))
-            raise InvariantError(f"speculative-path logits differ from a fresh prefill by {err:.3g}")
+            raise InvariantError(f"speculative-path logits differ from a fresh prefill by {err:.3g}"
+                                 + (" (bitwise: this target is not pass-size invariant here; see ortspec verify)"
+                                    if bitwise else ""))
 
     # -- helpers --------------------------------------------------------------
     def _prompt_ids(self, prompt, input_ids, chat, system) -> list[int]:

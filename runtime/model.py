@@ -114,6 +114,14 @@ class CausalLM:
     """Owns one model: session, IO binding, device-resident KV cache, valid length."""
 
     RESERVE_STEP = 256  # static caches grow in multiples of this many positions
+    CHUNK = 512         # positions per pass when feeding a long prompt: activations stay bounded
+    HOST_ROWS = 64      # logits rows of the reusable host buffer; a larger request gets a temporary one
+    # onnxruntime's CPU kernels compute a row that is alone in its tile of rows on another path, with
+    # other rounding: any one-position pass, and (GroupQueryAttention with head size 16) the last row of
+    # a pass of 32k + 1 positions. Bitwise passes never have ROW_TILE * k + 1 positions (nor the output
+    # layer as many rows); every other size gives each position the same bits (measured; `ortspec verify`
+    # checks it on the machine at hand).
+    ROW_TILE = 32
 
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
                  threads: int | None = None, trim: str = "auto", thread_pool: str = "session"):
@@ -143,7 +151,10 @@ class CausalLM:
         self._past: list = list(self._empty)   # static: the shared buffers; concat: last presents
         self._stored = 0                       # concat: positions held; static: buffer capacity
         self._binding = None                   # static: IO binding with the KV buffers already bound
-        self._logits_out: dict[int, np.ndarray] = {}  # host buffers the logits are written into, by length
+        self._host: np.ndarray | None = None   # reusable host buffer the kept logits rows are written into
+        # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
+        # shares its pass. The generator sets it per request.
+        self.bitwise = False
         self.run_time_s = 0.0
         self.reset()
 
@@ -153,6 +164,7 @@ class CausalLM:
         if not self.static:
             self._past, self._stored = list(self._empty), 0
         self.tokens: list[int] = []
+        self.canonical_length = 0  # leading positions whose K/V all came from passes of >= 2 positions
 
     def _buffers(self, positions: int) -> list:
         shape = [1, self.spec.num_kv_heads, positions, self.spec.head_dim]
@@ -190,39 +202,97 @@ class CausalLM:
         if not 0 <= length <= self.length:
             raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
+        self.canonical_length = min(self.canonical_length, length)
 
-    def prefill(self, ids: Sequence[int]) -> np.ndarray:
+    def prefill(self, ids: Sequence[int], keep: int | None = None) -> np.ndarray:
         self.reset()
-        return self.forward(ids)
+        return self.forward(ids, keep)
 
     # -- running ----------------------------------------------------------
-    def forward(self, ids: Sequence[int]) -> np.ndarray:
-        """Feed ``ids`` after the valid cache; return float32 logits [len(ids), vocab]."""
+    def forward(self, ids: Sequence[int], keep: int | None = None) -> np.ndarray:
+        """Feed ``ids`` after the valid cache; return float32 logits [keep, vocab] of the last ``keep`` of them
+        (of all of them when ``keep`` is None).
+
+        Long feeds run in passes of at most ``CHUNK`` positions. With ``bitwise`` set, a feed whose pass
+        would have ROW_TILE * k + 1 positions (a single token, typically) re-feeds the cached token before
+        it (its K/V come out bit for bit the same) or, with nothing cached, appends a throwaway position
+        that stays outside the valid length.
+        """
         ids = [int(t) for t in ids]
-        if not ids:
+        n = len(ids)
+        if not n:
             raise ValueError("forward needs at least one token")
+        keep = n if keep is None else int(keep)
+        if not 1 <= keep <= n:
+            raise ValueError(f"keep must be in [1, {n}], got {keep}")
         start = self.length
-        if start + len(ids) > self.capacity:
+        lead = pad = 0
+        if self.bitwise and n <= self.CHUNK and n % self.ROW_TILE == 1:
+            lead, pad = (1, 0) if start else (0, 1)
+        if start + n + pad > self.capacity:
             raise CacheOverflowError(
-                f"{start + len(ids)} positions exceed the model's maximum of {self.capacity}; "
+                f"{start + n} positions exceed the model's maximum of {self.capacity}; "
                 "shorten the prompt or lower max_new_tokens")
-        if self.static:
-            self.reserve(start + len(ids))
-            if self._binding is None:
-                self._binding = self._bind_static(self._past)
-            logits, _ = self._run(ids, start, self._past, self._binding)
-            self.tokens = self.tokens + ids
-            return logits
-        past = self._trimmed(start)
-        logits, present = self._run(ids, start, past)
-        # Commit the new state in one step only after the run succeeded.
-        self._past, self._stored, self.tokens = present, start + len(ids), self.tokens + ids
-        return logits
+        first = start - lead
+        feed = self.tokens[first:start] + ids + ids[-1:] * pad
+        self.reserve(first + len(feed))
+        rows = self._feed(feed, first, keep + pad)
+        # Commit only after every pass succeeded (a failed run leaves the valid prefix as it was).
+        self.tokens = self.tokens[:start] + ids
+        return rows[:keep] if pad else rows
 
     def reference_logits(self, ids: Sequence[int]) -> np.ndarray:
-        """Logits of a fresh prefill of ``ids``, leaving the cache untouched (for checks)."""
+        """Logits of a fresh prefill of ``ids`` (same passes and kernels), leaving the cache untouched."""
         ids = [int(t) for t in ids]
-        logits, _ = self._run(ids, 0, self._buffers(len(ids)) if self.static else self._empty)
+        saved = (self.tokens, self._past, self._stored, self._binding, self.canonical_length)
+        try:
+            self.tokens, self.canonical_length = [], 0
+            if self.static:
+                size = len(ids) + 1
+                self._past, self._stored, self._binding = self._buffers(size), size, None
+            else:
+                self._past, self._stored = list(self._empty), 0
+            return self.forward(ids)
+        finally:
+            self.tokens, self._past, self._stored, self._binding, self.canonical_length = saved
+
+    def _feed(self, feed: list[int], first: int, rows: int) -> np.ndarray:
+        """Run ``feed`` from position ``first`` in passes; logits of its last ``rows`` positions."""
+        n = len(feed)
+        tile = self.ROW_TILE if self.bitwise else 0
+        bounds = pass_bounds(n, self.CHUNK, tile)
+        out = []
+        for a, b in zip(bounds, bounds[1:]):
+            want = max(0, b - max(a, n - rows))  # rows of this pass the caller asked for
+            kept = max(want, 1)
+            if tile and kept % tile == 1:
+                kept += 1  # the output layer avoids a lone row too
+            logits = self._pass(feed[a:b], first + a, min(b - a, kept))
+            if want:
+                out.append(logits[-want:])
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def _pass(self, ids: list[int], start: int, keep: int) -> np.ndarray:
+        """One graph run over ``ids`` at ``start``; float32 logits of its last ``keep`` positions."""
+        if self.static:
+            if self._binding is None:
+                self._binding = self._bind_static(self._past)
+            logits = self._run_static(ids, start + len(ids), keep, self._binding)
+        else:
+            logits, present = self._run_concat(ids, start, self._trimmed(start), keep)
+            self._past, self._stored = present, start + len(ids)
+        if len(ids) >= 2:
+            if start <= self.canonical_length:
+                self.canonical_length = start + len(ids)
+        else:
+            self.canonical_length = min(self.canonical_length, start)
+        if self._subset is not None:  # a vocab-subset draft: the other ids get probability 0
+            full = np.full((logits.shape[0], self.spec.output_vocab), -np.inf, dtype=np.float32)
+            col = 0
+            for lo, hi in self._subset:
+                full[:, lo:hi] = logits[:, col:col + hi - lo]
+                col += hi - lo
+            logits = full
         return logits
 
     def _bind_static(self, buffers: list):
@@ -233,22 +303,16 @@ class CausalLM:
             b.bind_ortvalue_output(name_out, value)  # written in place
         return b
 
-    def _run(self, ids: list[int], start: int, past: list, binding=None) -> tuple[np.ndarray, list]:
-        logits, present = self._run_graph(ids, start, past, binding)
-        if self._subset is not None:  # a vocab-subset draft: the other ids get probability 0
-            full = np.full((logits.shape[0], self.spec.output_vocab), -np.inf, dtype=np.float32)
-            col = 0
-            for lo, hi in self._subset:
-                full[:, lo:hi] = logits[:, col:col + hi - lo]
-                col += hi - lo
-            logits = full
-        return logits, present
+    def _bind_keep(self, b, n: int, keep: int) -> int:
+        """Bind logits_to_keep when the graph has it; the number of logits rows the run returns."""
+        if self.spec.logits_to_keep is None:
+            return n
+        b.bind_cpu_input(self.spec.logits_to_keep, np.array([keep], dtype=np.int64))
+        return keep
 
-    def _run_graph(self, ids: list[int], start: int, past: list, binding=None) -> tuple[np.ndarray, list]:
+    def _run_concat(self, ids: list[int], start: int, past: list, keep: int) -> tuple[np.ndarray, list]:
         spec = self.spec
         total = start + len(ids)
-        if self.static:
-            return self._run_static(ids, total, binding or self._bind_static(past)), past
         b = self.session.io_binding()
         feeds = {spec.input_ids: np.asarray([ids], dtype=np.int64),
                  spec.attention_mask: np.ones((1, total), dtype=np.int64)}
@@ -256,6 +320,7 @@ class CausalLM:
             feeds[spec.position_ids] = np.arange(start, total, dtype=np.int64)[None, :]
         for name, arr in feeds.items():
             b.bind_cpu_input(name, arr)
+        self._bind_keep(b, len(ids), keep)
         for name, value in zip(self._kv_in, past):
             b.bind_ortvalue_input(name, value)
         b.bind_output(spec.logits, "cpu")
@@ -263,10 +328,8 @@ class CausalLM:
             b.bind_output(name, self.device, 0)
         self._execute(b)
         out = b.get_outputs()
-        logits = out[0].numpy()[0]
-        if logits.dtype != np.float32:
-            logits = logits.astype(np.float32)
-        return logits, list(out[1:])
+        logits = out[0].numpy()[0][-keep:]
+        return logits.astype(np.float32), list(out[1:])
 
     def _execute(self, b) -> None:
         """Run the bound graph, counting the time spent inside onnxruntime."""
@@ -278,19 +341,26 @@ class CausalLM:
         finally:
             self.run_time_s += time.perf_counter() - t0
 
-    def _run_static(self, ids: list[int], total: int, b) -> np.ndarray:
+    def _run_static(self, ids: list[int], total: int, keep: int, b) -> np.ndarray:
         """One call of a static-cache graph: only ids, lengths and the logits buffer are (re)bound."""
         spec = self.spec
         b.bind_cpu_input(spec.input_ids, np.asarray([ids], dtype=np.int64))
         b.bind_cpu_input(spec.seqlens_k, np.array([total - 1], dtype=np.int32))
         b.bind_cpu_input(spec.total_sequence_length, np.array(total, dtype=np.int32))
-        out = self._logits_out.get(len(ids))
-        if out is None:
-            out = np.empty((1, len(ids), spec.vocab_size), dtype=_NP[spec.dtype])
-            self._logits_out[len(ids)] = out
+        rows = self._bind_keep(b, len(ids), keep)
+        out = self._host_rows(rows)
         b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
         self._execute(b)
-        return out[0].astype(np.float32) if out.dtype != np.float32 else out[0].copy()
+        return out[0, -keep:].astype(np.float32)  # a copy: the buffer is reused by the next run
+
+    def _host_rows(self, rows: int) -> np.ndarray:
+        """A [1, rows, vocab] host array for the logits: a view of one reusable buffer when small enough."""
+        width, dtype = self.spec.vocab_size, _NP[self.spec.dtype]
+        if rows > self.HOST_ROWS:
+            return np.empty((1, rows, width), dtype=dtype)  # freed after this run: nothing grows with use
+        if self._host is None or self._host.size < rows * width:
+            self._host = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
+        return self._host[:rows * width].reshape(1, rows, width)
 
     def _trimmed(self, length: int) -> list:
         """The cache tensors cut to ``length`` positions (device-side Slice)."""
@@ -322,6 +392,8 @@ class CausalLM:
         inputs = {i.name for i in self.session.get_inputs()}
         outputs = {o.name for o in self.session.get_outputs()}
         need_in = [spec.input_ids] + [n for p in spec.kv_inputs for n in p]
+        if spec.logits_to_keep:
+            need_in.append(spec.logits_to_keep)
         need_in += [spec.seqlens_k, spec.total_sequence_length] if spec.kv_cache == "static" else [spec.attention_mask]
         if spec.position_ids:
             need_in.append(spec.position_ids)
@@ -331,6 +403,15 @@ class CausalLM:
             from .errors import BundleError
             raise BundleError(f"{spec.path} lacks the inputs/outputs the manifest names: {missing[:4]}; "
                               "the manifest does not describe this graph, re-export the bundle")
+
+
+def pass_bounds(n: int, size: int, tile: int = 0) -> list[int]:
+    """Offsets splitting ``n`` positions into passes of at most ``size`` (a multiple of ``tile``); with a
+    ``tile``, a last pass of tile * k + 1 positions borrows one from the pass before it."""
+    bounds = list(range(0, n, size)) + [n]
+    if tile and len(bounds) > 2 and (n - bounds[-2]) % tile == 1:
+        bounds[-2] -= 1
+    return bounds
 
 
 # -- a tiny Slice graph, encoded without the onnx package ------------------

@@ -55,6 +55,7 @@ class ClockLM:
 
     def __init__(self, clock: dict, name: str, base: float, per_token: float, cold: float):
         self.clock, self.name, self.base, self.per_token, self.cold = clock, name, base, per_token, cold
+        self.bitwise = True
 
     def forward(self, ids):
         self.clock["t"] += self.base + self.per_token * len(ids) + (self.cold if self.clock["last"] != self.name else 0)

@@ -174,18 +174,18 @@ def test_rounds_near_the_end_of_the_context_shrink_gamma(gen):
 
 def test_keyboard_interrupt_mid_generation_leaves_generator_usable(llama_bundle, reference):
     g = SpeculativeGenerator.load(llama_bundle)
-    real, calls = g.target._run, {"n": 0}
+    real, calls = g.target._pass, {"n": 0}
 
     def interrupted(*a):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
         return real(*a)
-    g.target._run = interrupted
+    g.target._pass = interrupted
     with pytest.raises(KeyboardInterrupt):
         for _ in g.stream(input_ids=PROMPT, max_new_tokens=30, do_sample=True, seed=1):
             pass
-    g.target._run = real
+    g.target._pass = real
     assert g.generate(input_ids=PROMPT, max_new_tokens=30, strict=True).token_ids == reference
 
 

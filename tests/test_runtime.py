@@ -206,7 +206,7 @@ def test_ids_only_bundle_generates_from_input_ids(ids_bundle):
 def test_failing_draft_degrades_to_target_only(pair_bundle, baselines):
     gen = SpeculativeGenerator.load(pair_bundle)
 
-    def broken(ids):
+    def broken(ids, keep=None):
         raise ModelRunError("simulated draft failure")
     gen.drafter.lm.forward = broken
     with pytest.warns(RuntimeWarning, match="simulated draft failure"):
@@ -249,7 +249,7 @@ def test_draft_whose_manifest_misnames_its_graph_is_refused(tmp_path, pair_bundl
 
 def test_target_failure_raises_and_generator_stays_usable(pair_bundle, baselines):
     gen = SpeculativeGenerator.load(pair_bundle)
-    real = gen.target._run
+    real = gen.target._pass
     calls = {"n": 0}
 
     def flaky(*a):
@@ -257,7 +257,7 @@ def test_target_failure_raises_and_generator_stays_usable(pair_bundle, baselines
         if calls["n"] == 4:
             raise ModelRunError("simulated target failure")
         return real(*a)
-    gen.target._run = flaky
+    gen.target._pass = flaky
     with pytest.raises(ModelRunError, match="simulated"):
         gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
     res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40, strict=True)

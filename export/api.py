@@ -115,6 +115,11 @@ def _check_args(target, draft, draft_quant, target_quant) -> None:
         raise ValueError("draft='self' makes the draft a quantized copy of the target: pass draft_quant='int4' or 'int8'")
     if draft is None and draft_quant is not None:
         raise ValueError("draft_quant needs a draft: pass draft='self' or a draft model")
+    if target_quant == "int8":
+        raise ValueError("target_quant='int8' (dynamic quantization) is refused: it quantizes activations with one "
+                         "scale per pass, so a position's logits depend on the other positions in its pass and "
+                         "speculative output could not equal target-only output; use target_quant='int8w' (8-bit "
+                         "weights, activations quantized per block of each row: exact) or 'int4'")
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -209,9 +214,6 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     t_quant = None
     if target_quant:
         say(f"quantizing target to {target_quant}")
-        say(f"note: {target_quant} kernels quantize activations, so a position's logits can differ slightly with "
-            "the number of tokens in a pass; speculative output then matches target-only output only up to those "
-            "differences (check with `ortspec verify`; float targets do not have this)")
         t_quant = quantize(fp32, tmp / "target", target_quant)
         shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
     models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None)

@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-quant", choices=["int8", "int4", "int8w"],
                    help="quantize the draft: int8 (dynamic), int4 (MatMulNBits 4-bit, block 32, symmetric), "
                         "int8w (MatMulNBits 8-bit weights: most faithful cheap draft)")
-    p.add_argument("--target-quant", choices=["int8", "int4", "int8w"], help="quantize the target weights")
+    p.add_argument("--target-quant", choices=["int8", "int4", "int8w"],
+                   help="quantize the target weights: int4 or int8w (both row-local, so output stays bitwise "
+                        "exact); int8 (dynamic, one activation scale per pass) is refused for targets")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="cheaper draft: its output layer computes only token ids 0..N-1 and the special tokens "
                         "(BPE vocabularies put frequent tokens first); the rest get draft probability 0 and the "

@@ -1,11 +1,14 @@
-"""Exactness checks of a pair on this machine: greedy equality with near-tie analysis.
+"""Exactness checks of a pair on this machine: pass-size invariance, greedy equality, distribution.
 
-A batched verify pass and a single-token step may differ in the last float
-bits, which can flip an argmax when the top two logits are (nearly) tied. Any
-divergence from target-only greedy output is therefore classified: a
-*near-tie* when the target's top-2 margin at the diverging position (from a
-fresh prefill of the common prefix) is below ``tie_tolerance``, else a real
-*mismatch*.
+Bitwise decoding (the default) computes every committed token's logits in
+passes whose per-position results do not depend on the pass, so speculative
+greedy output must equal target-only greedy output token for token: any
+divergence is a mismatch. ``invariance_check`` measures that property for the
+target on this machine and provider, bit for bit. Where it does not hold (or
+with ``bitwise=False``), rounding can flip an argmax at a near-tie, and
+divergences are classified: a *near-tie* when the target's top-2 margin at the
+diverging position (from a fresh prefill of the common prefix) is below
+``tie_tolerance``, else a real *mismatch*.
 """
 from __future__ import annotations
 
@@ -38,19 +41,26 @@ class GreedyReport:
     runs: int = 0
     mismatches: int = 0
     near_ties: int = 0
+    near_ties_allowed: bool = False   # False: every divergence counts as a mismatch
     divergences: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"prompts": self.prompts, "runs": self.runs, "mismatches": self.mismatches,
-                "near_ties": self.near_ties, "divergences": [asdict(d) for d in self.divergences]}
+                "near_ties": self.near_ties, "near_ties_allowed": self.near_ties_allowed,
+                "divergences": [asdict(d) for d in self.divergences]}
 
 
-def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[int],
+def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence,
                  drafters: Sequence[str] = ("model",), max_new_tokens: int = 64,
-                 tie_tolerance: float = 1e-4, provider: str = "cpu", threads: int | None = None,
-                 thread_pool: str = "session",
-                 repetition_penalty: float = 1.0, progress=None) -> GreedyReport:
-    """Compare speculative greedy output with target-only greedy output, token for token."""
+                 tie_tolerance: float = 1e-4, allow_near_ties: bool = False, bitwise: bool = True,
+                 baseline_bitwise: bool | None = None, provider: str = "cpu", threads: int | None = None,
+                 thread_pool: str = "session", repetition_penalty: float = 1.0, progress=None) -> GreedyReport:
+    """Compare speculative greedy output with target-only greedy output, token for token.
+
+    gammas: draft lengths (integers and/or "auto"). With ``allow_near_ties`` a divergence at a top-2
+    margin below ``tie_tolerance`` is reported as a near-tie instead of a mismatch. ``bitwise`` applies
+    to the speculative runs and, unless ``baseline_bitwise`` says otherwise, to the target-only runs.
+    """
     from .generator import SpeculativeGenerator
 
     first = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafters[0], threads=threads,
@@ -59,13 +69,14 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
     base = first.sibling("none")  # one copy of the target in memory
     gens = {d: first if d == drafters[0] else first.sibling(d) for d in drafters}
     pipe = LogitsPipeline(SamplingConfig(repetition_penalty=repetition_penalty), base.vocab_size)
-    report = GreedyReport(prompts=len(prompts))
+    report = GreedyReport(prompts=len(prompts), near_ties_allowed=allow_near_ties)
     kw = dict(max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty)
+    base_bitwise = bitwise if baseline_bitwise is None else baseline_bitwise
     for i, ids in enumerate(prompts):
-        want = base.generate(input_ids=ids, **kw).token_ids
+        want = base.generate(input_ids=ids, bitwise=base_bitwise, **kw).token_ids
         for drafter, gen in gens.items():
             for gamma in gammas:
-                got = gen.generate(input_ids=ids, num_draft_tokens=gamma, **kw).token_ids
+                got = gen.generate(input_ids=ids, num_draft_tokens=gamma, bitwise=bitwise, **kw).token_ids
                 report.runs += 1
                 if progress:
                     progress(report.runs)
@@ -76,7 +87,7 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
                 scores = pipe.scores(base.target.reference_logits(context)[-1:], context)[0]
                 top = np.sort(scores)[-2:]
                 margin = float(top[1] - top[0])
-                tie = margin < tie_tolerance
+                tie = allow_near_ties and margin < tie_tolerance
                 report.divergences.append(Divergence(
                     i, drafter, gamma, pos, int(want[pos]) if pos < len(want) else -1,
                     int(got[pos]) if pos < len(got) else -1, margin, tie))
@@ -85,6 +96,62 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
                 else:
                     report.mismatches += 1
     return report
+
+
+# -- pass-size invariance --------------------------------------------------------
+def invariance_check(lm, context: Sequence[int], positions: int = 12, sizes: Sequence[int] = range(1, 10),
+                     bitwise: bool = True) -> dict:
+    """Bit-for-bit comparison of each position's logits however the runtime passes it to the model.
+
+    ``positions`` tokens after ``context`` are fed in passes of each size in ``sizes`` (after every pass
+    the cache is rolled back by half of it and the rest re-fed, as rejected drafts are), and once more by a
+    fresh prefill of the whole sequence; every row must equal the row of one pass over all ``positions``.
+    With ``bitwise`` the model runs as bitwise decoding does (a single token is passed with the token
+    before it); the result also reports what plain one-position passes give, for comparison.
+    """
+    context = [int(t) for t in context]
+    fed = [int(context[i % len(context)]) for i in range(positions)]
+    saved = lm.bitwise
+
+    def rows_in_passes(size: int) -> tuple[np.ndarray, int]:
+        lm.rollback(min(lm.length, len(context)))
+        got: dict[int, list] = {}
+        pos = 0
+        while pos < positions:
+            k = min(size, positions - pos)
+            for j, row in enumerate(lm.forward(fed[pos:pos + k])):
+                got.setdefault(pos + j, []).append(row)
+            keep = k if k == 1 or pos + k == positions else (k + 1) // 2
+            lm.rollback(len(context) + pos + keep)  # a rejection: the rest of the pass is fed again
+            pos += keep
+        worst, equal = 0.0, 0
+        for i in range(positions):
+            same = all(np.array_equal(r, reference[i]) for r in got[i])
+            equal += same
+            worst = max([worst] + [float(np.max(np.abs(r - reference[i]))) for r in got[i]])
+        return worst, equal
+
+    try:
+        lm.bitwise = bitwise
+        lm.prefill(context)
+        reference = lm.forward(fed)
+        report = {"positions": positions, "bitwise": bitwise, "sizes": {}}
+        for size in sizes:
+            worst, equal = rows_in_passes(size)
+            report["sizes"][int(size)] = {"equal_rows": equal, "max_abs_diff": worst}
+        fresh = lm.reference_logits(context + fed)[-positions:]
+        report["prefill"] = {"equal_rows": sum(np.array_equal(a, b) for a, b in zip(fresh, reference)),
+                             "max_abs_diff": float(np.max(np.abs(fresh - reference)))}
+        report["invariant"] = (all(v["equal_rows"] == positions for v in report["sizes"].values())
+                               and report["prefill"]["equal_rows"] == positions)
+        if bitwise:
+            lm.bitwise = False
+            worst, equal = rows_in_passes(1)
+            report["one_position_passes"] = {"equal_rows": equal, "max_abs_diff": worst}
+        return report
+    finally:
+        lm.bitwise = saved
+        lm.reset()
 
 
 # -- distribution check ----------------------------------------------------------
@@ -264,17 +331,23 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
                drafter: str | None = None, max_new_tokens: int = 32, alpha: float = 1e-3,
                provider: str = "cpu", threads: int | None = None, configure=None, progress=None,
                thread_pool: str = "session") -> dict:
-    """The whole certificate: greedy equality, distribution test, and its negative control.
+    """The whole certificate: pass-size invariance, greedy equality, distribution test, negative control.
 
-    ``configure(generator)`` may alter the generator under test before the
-    distribution check (the tests use it to plant bugs the check must catch).
+    ``configure(generator)`` may alter the generator under test before the distribution check (the tests
+    use it to plant bugs the check must catch).
     """
     from .bundle import load_bundle
+    from .model import CausalLM
     bundle = load_bundle(bundle_dir)
     drafter = drafter or ("model" if bundle.draft is not None else "prompt_lookup")
     say = progress or (lambda *_: None)
+    say("pass-size invariance check")
+    lm = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads, thread_pool=thread_pool)
+    invariance = invariance_check(lm, prompts[0], sizes=range(1, max(gammas) + 2))
+    del lm
     say("greedy check")
     greedy = greedy_check(bundle_dir, prompts, gammas, drafters=(drafter,), max_new_tokens=max_new_tokens,
+                          allow_near_ties=not invariance["invariant"],
                           repetition_penalty=sampling.get("repetition_penalty", 1.0), provider=provider,
                           threads=threads, thread_pool=thread_pool)
     gen = memoized_generator(bundle_dir, drafter, provider, threads, thread_pool)
@@ -295,16 +368,32 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     else:
         verdict = "pass"
     return {"verdict": verdict, "bundle": str(bundle_dir), "drafter": drafter, "num_draft_tokens": list(gammas),
-            "sampling": sampling, "alpha": alpha, "greedy": greedy.to_dict(), "distribution": dist.to_dict(),
+            "sampling": sampling, "alpha": alpha, "invariance": invariance, "greedy": greedy.to_dict(),
+            "distribution": dist.to_dict(),
             "negative_control": {"p_value": control.p_value, "rejected": rejected, "tv": control.tv,
                                  "verifier": "resamples from p instead of the residual"}}
 
 
 def format_verify(r: dict) -> str:
-    g, d, c = r["greedy"], r["distribution"], r["negative_control"]
-    lines = [f"ortspec verify {r['bundle']} (drafter {r['drafter']}, gamma {r['num_draft_tokens']})",
-             f"  greedy: {g['runs']} runs over {g['prompts']} prompts: {g['mismatches']} mismatches, "
-             f"{g['near_ties']} near-ties (top-2 margin < 1e-4)"]
+    g, d, c, inv = r["greedy"], r["distribution"], r["negative_control"], r["invariance"]
+    sizes = inv["sizes"]
+    same = [s for s, v in sizes.items() if v["equal_rows"] == inv["positions"]]
+    lines = [f"ortspec verify {r['bundle']} (drafter {r['drafter']}, gamma {r['num_draft_tokens']})"]
+    if inv["invariant"]:
+        lines.append(f"  pass-size invariance: {inv['positions']} positions fed in passes of {min(sizes)}-{max(sizes)} "
+                     "tokens (with rollbacks) and by a fresh prefill: every row bit-identical")
+    else:
+        lines.append(f"  pass-size invariance: NOT invariant here - bit-identical rows only for pass sizes "
+                     f"{same or 'none'}; prefill rows equal {inv['prefill']['equal_rows']}/{inv['positions']}. "
+                     "Greedy output can then differ from target-only output at near-ties")
+    one = inv.get("one_position_passes")
+    if one:
+        lines.append(f"    (plain one-position passes, which bitwise decoding avoids: {one['equal_rows']}/"
+                     f"{inv['positions']} rows identical, max |diff| {one['max_abs_diff']:.2g})")
+    allowance = "near-ties allowed (not invariant)" if g["near_ties_allowed"] else "no near-tie allowance"
+    lines.append(f"  greedy: {g['runs']} runs over {g['prompts']} prompts: {g['mismatches']} mismatches"
+                 + (f", {g['near_ties']} near-ties (top-2 margin < 1e-4)" if g["near_ties_allowed"] else "")
+                 + f" ({allowance})")
     for dv in g["divergences"][:5]:
         kind = "near-tie" if dv["near_tie"] else "MISMATCH"
         lines.append(f"    {kind}: prompt {dv['prompt_index']} gamma {dv['gamma']} position {dv['position']}: "

@@ -164,6 +164,10 @@ class SpeculativeGenerator:
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         check_thread_pool(thread_pool)
         bundle = load_bundle(bundle_dir, verify=verify)
+        if (bundle.target.quantization or {}).get("method") == "int8":
+            warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
+                          "speculative output can differ from target-only output at near-ties; re-export it with "
+                          "--target-quant int8w for bitwise-exact output", RuntimeWarning, stacklevel=2)
         if drafter == "model" and bundle.draft is None:
             raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
                               "'none', or export with --draft")

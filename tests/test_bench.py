@@ -25,10 +25,15 @@ def test_bench_report_plot_and_profile(pair_bundle, tmp_path):
     proc = _bench(bundle, tmp_path, "--num-draft-tokens", "1,3,auto", "--out", str(out), "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     assert "runs, ETA" in proc.stderr  # progress while it runs
-    for label in ("target only", "model g=1", "model g=3", "model g=auto", "ideal", "eff"):
+    for label in ("target bitwise", "target 1-pos", "model g=1", "model g=3", "model g=auto", "ideal", "eff"):
         assert label in proc.stdout
     report = json.loads(out.read_text())
     assert report["baseline"]["tokens_per_s"] > 0
+    # both target-only baselines are measured; the faster one is the reference of every speedup
+    kinds = report["baselines"]
+    assert set(kinds) == {"bitwise", "one-position"}
+    assert report["baseline"]["tokens_per_s"] == max(b["tokens_per_s"] for b in kinds.values())
+    assert report["baseline"]["kind"] in kinds
     settings = {s["num_draft_tokens"]: s for s in report["settings"]}
     assert set(settings) == {1, 3, "auto"}
     for gamma, s in settings.items():

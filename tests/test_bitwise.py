@@ -1,0 +1,130 @@
+"""Bitwise exactness: a position's logits do not depend on how the runtime passes it to the target.
+
+Checked bit for bit (np.array_equal, never a tolerance) for every target kind the exporter makes, on tiny
+random models of two families; each check has a negative control showing it detects one-position passes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ortspec import SpeculativeGenerator
+from ortspec.bundle import load_bundle
+from ortspec.exactness import greedy_check, invariance_check
+from ortspec.model import CausalLM, pass_bounds
+
+CONTEXT = [1, 17, 5, 99, 42, 8, 63, 120, 4, 77]
+SIZES = range(1, 18)  # every verify pass the runtime makes: 1 (target only) .. 17 (16 drafts + 1)
+
+
+def target_lm(bundle_dir, role="target"):
+    b = load_bundle(bundle_dir)
+    spec = getattr(b, role)
+    return CausalLM(spec, str(b.file(spec.path)))
+
+
+@pytest.fixture(scope="module")
+def kinds(workdir, hf_models):
+    """Targets of every kind: fp32 (fused, optimum), fp16 fused, INT4 and 8-bit-weight, for llama and qwen2."""
+    from ortspec.export import export_bundle
+    out = {}
+    for fam in ("llama", "qwen2"):
+        src = str(hf_models[fam])
+        out[f"{fam}-fp32"] = export_bundle(target=src, out=workdir / f"bw_{fam}_fp32", progress=None)
+        out[f"{fam}-fp16"] = export_bundle(target=src, out=workdir / f"bw_{fam}_fp16", dtype="fp16", progress=None)
+        out[f"{fam}-int4"] = export_bundle(target=src, out=workdir / f"bw_{fam}_int4", target_quant="int4",
+                                           draft="self", draft_quant="int4", progress=None)
+        out[f"{fam}-int8w"] = export_bundle(target=src, out=workdir / f"bw_{fam}_int8w", target_quant="int8w",
+                                            progress=None)
+    out["llama-fp32-optimum"] = export_bundle(target=str(hf_models["llama"]), out=workdir / "bw_llama_optimum",
+                                              graph="optimum", progress=None)
+    return out
+
+
+KINDS = ["llama-fp32", "llama-fp16", "llama-int4", "llama-int8w", "qwen2-fp32", "qwen2-fp16", "qwen2-int4",
+         "qwen2-int8w", "llama-fp32-optimum"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_pass_size_gives_the_same_bits(kinds, kind):
+    report = invariance_check(target_lm(kinds[kind]), CONTEXT, positions=20, sizes=SIZES)
+    assert report["invariant"], report
+    assert all(v["equal_rows"] == 20 and v["max_abs_diff"] == 0.0 for v in report["sizes"].values())
+
+
+@pytest.mark.parametrize("kind", ["llama-fp32", "llama-int4", "qwen2-int8w", "llama-fp32-optimum"])
+def test_negative_control_one_position_passes_are_caught(kinds, kind):
+    """Without bitwise passes a one-position pass takes other kernels: the same check must see it."""
+    report = invariance_check(target_lm(kinds[kind]), CONTEXT, positions=20, sizes=[1, 2, 4], bitwise=False)
+    assert not report["invariant"]
+    assert report["sizes"][1]["equal_rows"] < 20 and report["sizes"][2]["equal_rows"] == 20
+
+
+def test_long_feeds_in_chunks_give_the_same_bits(kinds):
+    lm = target_lm(kinds["llama-int4"])
+    lm.bitwise = True
+    ids = [int(t) for t in np.random.default_rng(3).integers(3, 120, 150)]
+    whole = lm.prefill(ids)
+    lm.CHUNK = 32  # passes of 32, 32, 32, 31 (not 32 + 1: the short tail borrows one), 23
+    assert pass_bounds(len(ids), 32, lm.ROW_TILE) == [0, 32, 64, 96, 128, 150]
+    assert np.array_equal(lm.prefill(ids), whole)
+    assert np.array_equal(lm.prefill(ids[:129], keep=3), whole[126:129])
+    assert pass_bounds(129, 32, 32) == [0, 32, 64, 96, 127, 129] and pass_bounds(129, 32) == [0, 32, 64, 96, 128, 129]
+
+
+def test_logits_only_where_used(kinds):
+    """The output layer runs on the kept rows only; the host buffer never grows with the prompt."""
+    lm = target_lm(kinds["llama-fp32"])
+    ids = [int(t) for t in np.random.default_rng(4).integers(3, 120, 200)]
+    full = lm.prefill(ids)
+    assert np.array_equal(lm.prefill(ids, keep=2), full[-2:])
+    assert lm._host.size <= lm.HOST_ROWS * lm.spec.vocab_size
+    for n in (30, 90, 170):  # prompts of many lengths: the buffer stays the same
+        lm.prefill(ids[:n], keep=1)
+    assert lm._host.size <= lm.HOST_ROWS * lm.spec.vocab_size
+
+
+@pytest.mark.parametrize("kind", ["llama-int4", "qwen2-int8w", "llama-fp16"])
+def test_target_only_equals_speculative_on_quantized_targets(kinds, kind):
+    prompts = [CONTEXT, [1, 8, 8, 8, 8, 8, 9, 8, 8], [1, 120, 3, 77, 64, 12, 33, 7, 90, 101, 4]]
+    drafters = ("model", "prompt_lookup") if kind == "llama-int4" else ("prompt_lookup",)
+    report = greedy_check(str(kinds[kind]), prompts, gammas=[1, 2, 4, "auto"], drafters=drafters, max_new_tokens=40)
+    assert report.runs == 3 * 4 * len(drafters)
+    assert report.mismatches == 0 and not report.near_ties_allowed, report.to_dict()
+
+
+@pytest.mark.parametrize("drafter", ["none", "model", "prompt_lookup"])
+def test_the_same_call_twice_gives_the_same_tokens(kinds, drafter):
+    """The second call reuses the cached prompt and feeds only its last token: the same bits all the same."""
+    gen = SpeculativeGenerator.load(kinds["llama-int4"], drafter=drafter)
+    for p in ([1, 17, 5, 99], [1, 9, 9, 31, 2, 64, 5]):
+        first = gen.generate(input_ids=p, max_new_tokens=40, strict=True).token_ids
+        assert gen.generate(input_ids=p, max_new_tokens=40, strict=True).token_ids == first
+        continued = gen.generate(input_ids=p + first[:7], max_new_tokens=20).token_ids  # reuses generated K/V
+        fresh = SpeculativeGenerator.load(kinds["llama-int4"], drafter=drafter)
+        assert fresh.generate(input_ids=p + first[:7], max_new_tokens=20).token_ids == continued
+
+
+def test_strict_is_bitwise(kinds):
+    """strict=True compares each committed row with a fresh prefill bit for bit, and catches one-position passes."""
+    from ortspec.generator import InvariantError
+    gen = SpeculativeGenerator.load(kinds["llama-int4"], drafter="none")
+    gen.generate(input_ids=CONTEXT, max_new_tokens=30, strict=True)
+    lm, real = gen.target, gen.target.forward
+
+    def one_row_passes(ids, keep=None):
+        lm.bitwise = False
+        try:
+            return real(ids, keep)
+        finally:
+            lm.bitwise = True
+    lm.forward = one_row_passes
+    with pytest.raises(InvariantError, match="bitwise"):
+        gen.generate(input_ids=CONTEXT, max_new_tokens=30, strict=True)
+
+
+def test_int8_dynamic_targets_are_refused(workdir, hf_models):
+    from ortspec.export import export_bundle
+    with pytest.raises(ValueError, match="int8w"):
+        export_bundle(target=str(hf_models["llama"]), out=workdir / "bw_int8", target_quant="int8", progress=None)
+    assert not (workdir / "bw_int8").exists()

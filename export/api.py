@@ -36,7 +36,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
                   dtype: str = "fp32", genai_config: int | None = None, draft_vocab: int | None = None,
-                  progress: Progress | None = _stderr) -> Path:
+                  generation: dict | None = None, progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
@@ -46,6 +46,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     genai_config: also write onnxruntime-genai configs, with this speculative.max_draft_tokens (1-16).
     draft_vocab: give the draft an output layer for token ids [0, draft_vocab) and the special tokens only
         (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
+    generation: sampling settings the model's authors recommend (do_sample, temperature, top_k, top_p,
+        repetition_penalty), written into the bundle's generation_config.json as the defaults of generation.
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
@@ -65,6 +67,13 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
                                     or draft_vocab < 1):
         raise ValueError(f"draft_vocab must be None or a positive number of token ids, got {draft_vocab!r}")
+    if generation is not None:
+        from ortspec.config import SamplingConfig
+        unknown = set(generation) - {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+        if not isinstance(generation, dict) or unknown:
+            raise ValueError(f"generation takes do_sample, temperature, top_k, top_p, repetition_penalty; "
+                             f"got {sorted(unknown) if isinstance(generation, dict) else generation!r}")
+        SamplingConfig(**generation)  # refuse bad values before any work
     if draft_vocab is not None and draft is None:
         raise ValueError("draft_vocab restricts the draft's output layer: pass a draft too")
     if dtype == "fp16" and "int8" in (draft_quant, target_quant):
@@ -83,6 +92,10 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     try:
         manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say,
                           draft_vocab)
+        if generation:
+            path = tmp / "generation_config.json"
+            config = json.loads(path.read_text()) if path.is_file() else {}
+            path.write_text(json.dumps(dict(config, **generation), indent=2))
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
         if genai_config is not None:

@@ -56,7 +56,7 @@ def resolve_recipe(name: str, cache: Path | None = None, progress=None) -> dict:
     draft = "self" if d.get("self") else (obtain(d, cache, say) if d else None)
     return {"target": str(target), "draft": draft if draft is None or draft == "self" else str(draft),
             "draft_quant": d.get("quant"), "target_quant": recipe["target"].get("quant"),
-            "draft_vocab": d.get("vocab")}
+            "draft_vocab": d.get("vocab"), "generation": recipe.get("generation")}
 
 
 def obtain(entry: dict, cache: Path, say) -> Path:

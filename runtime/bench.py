@@ -90,6 +90,7 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "mo
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
                                      thread_pool=thread_pool)
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
+    sampling = spec.sampling_settings(**sampling)  # flags left out: the bundle's generation config
     if chat is None:
         chat = bool(base.codec and base.codec.chat_template)
     lm = getattr(spec.drafter, "lm", None)
@@ -229,3 +230,76 @@ def plot(report: dict, path: str) -> None:
     fig.suptitle(Path(report["bundle"]).name)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+# -- host cost of one round's sampling math (ortspec bench --micro) -------------------------------------
+MICRO_SETTINGS = {
+    "greedy": dict(do_sample=False),
+    "temperature 0.7": dict(temperature=0.7),
+    "top-k 50": dict(top_k=50),
+    "top-p 0.9": dict(top_p=0.9),
+    "T 0.7 + top-p 0.9": dict(temperature=0.7, top_p=0.9),
+    "rep 1.1": dict(repetition_penalty=1.1),
+    "bad words": dict(bad_words_ids=((5,), (7, 9), (11,))),
+    "qwen (T0.7 p0.8 k20 rep1.05)": dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
+}
+
+
+def micro_rows(kind: str, vocab: int, n: int, seed: int) -> np.ndarray:
+    """Synthetic logits: "peaked" (a few tokens far ahead, like most LM rows) or "flat" (high entropy)."""
+    rng = np.random.default_rng(seed)
+    if kind == "peaked":
+        rows = rng.standard_normal((n, vocab)) * 2.0
+        rows[np.arange(n)[:, None], rng.integers(0, vocab, (n, 5))] += 14.0
+    else:
+        rows = rng.standard_normal((n, vocab)) * 0.5
+    return rows.astype(np.float32)
+
+
+def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context: int = 500,
+                settings: dict | None = None) -> list[dict]:
+    """Milliseconds of host math per speculative round: gamma draft rows (distribution + sample), then
+    verification of gamma + 1 target rows, for peaked and flat rows; "all accepted" makes every target row
+    needed (the worst case), "first rejected" the residual path."""
+    from .config import SamplingConfig, draft_sampling
+    from .logits import LogitsPipeline
+    from .verify import greedy_verify, verify_dists
+    out = []
+    base = [int(t) for t in np.random.default_rng(0).integers(0, vocab, context)]
+    for name, kw in (settings or MICRO_SETTINGS).items():
+        cfg = SamplingConfig(**({"do_sample": True} | kw))
+        pipe = LogitsPipeline(cfg, vocab)  # one per request, as in decoding (the context's token set is kept)
+        draft_pipe = LogitsPipeline(draft_sampling(cfg), vocab, pipe.scratch)
+        for kind in ("peaked", "flat"):
+            for case in ("all accepted", "first rejected"):
+                times = []
+                for r in range(repeats):
+                    target_rows = micro_rows(kind, vocab, gamma + 1, seed=r)
+                    draft_rows = target_rows[:gamma].copy() if case == "all accepted" else \
+                        micro_rows(kind, vocab, gamma, 99 + r)
+                    rng = np.random.default_rng(r)
+                    t0 = time.perf_counter()
+                    if not cfg.do_sample:
+                        tokens = [int(pipe.greedy(draft_rows[i:i + 1], base)[0]) for i in range(gamma)]
+                        greedy_verify(tokens, pipe.greedy(target_rows, base, tokens))
+                    else:
+                        tokens, dists = [], []
+                        for i in range(gamma):
+                            q = draft_pipe.row(draft_rows[i], base, tokens, inplace=True)
+                            dists.append(q)
+                            tokens.append(q.sample(rng))
+                        verify_dists(tokens, dists, lambda i: pipe.row(target_rows[i], base, tokens[:i], inplace=True),
+                                     rng)
+                    times.append(time.perf_counter() - t0)
+                out.append({"setting": name, "rows": kind, "case": case, "vocab": vocab, "gamma": gamma,
+                            "ms_per_round": 1000 * float(np.median(times)), "p90_ms": 1000 * float(np.percentile(times, 90))})
+    return out
+
+
+def format_micro(rows: list[dict]) -> str:
+    head = f"{'setting':<30}{'rows':<8}{'case':<16}{'ms/round':>9}{'p90 ms':>8}"
+    lines = [f"host math per round: gamma = {rows[0]['gamma']} ({rows[0]['gamma']} draft rows, up to "
+             f"{rows[0]['gamma'] + 1} target rows), vocabulary {rows[0]['vocab']}", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['setting']:<30}{r['rows']:<8}{r['case']:<16}{r['ms_per_round']:>9.3f}{r['p90_ms']:>8.3f}")
+    return "\n".join(lines)

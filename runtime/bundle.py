@@ -162,6 +162,20 @@ class Bundle:
         ids = self.target.special_ids.get("eos_token_ids") or []
         return [int(i) for i in ids]
 
+    @property
+    def sampling_defaults(self) -> dict:
+        """The sampling settings of generation_config.json that ortspec uses when a call leaves them out
+        (do_sample, temperature, top_k, top_p, repetition_penalty); values of the wrong type are ignored."""
+        cfg = self.generation_config
+        kinds = {"do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
+                 "repetition_penalty": (int, float)}
+        out = {}
+        for key, types in kinds.items():
+            value = cfg.get(key)
+            if isinstance(value, types) and (key == "do_sample" or not isinstance(value, bool)):
+                out[key] = value
+        return out
+
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()

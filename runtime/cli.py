@@ -27,14 +27,17 @@ EPILOG_GENERATE = """examples:
 
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling (Hugging Face generate semantics)")
+    g = p.add_argument_group("sampling (Hugging Face generate semantics; a flag left out takes the bundle's "
+                             "generation config, else greedy with the warpers off)")
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
-    g.add_argument("--sample", "--do-sample", dest="do_sample", action="store_true",
+    g.add_argument("--sample", "--do-sample", dest="do_sample", action="store_const", const=True, default=None,
                    help="sample instead of greedy decoding")
-    g.add_argument("--temperature", type=float, default=1.0, help="softmax temperature (> 0) when sampling")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus: smallest set reaching this mass (1 = off)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    g.add_argument("--greedy", dest="do_sample", action="store_const", const=False,
+                   help="greedy decoding even when the bundle's generation config samples")
+    g.add_argument("--temperature", type=float, default=None, help="softmax temperature (> 0) when sampling")
+    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus: smallest set reaching this mass (1 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     g.add_argument("--eos-token-id", type=int, action="append", default=None,
                    help="stop token id (repeatable; default: the bundle's)")
@@ -124,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="passes over the prompts (default 1)")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
     p.add_argument("--calibrate", action="store_true", help="re-measure step costs and store the profile")
+    p.add_argument("--micro", action="store_true",
+                   help="measure only the host math of one speculative round (logits pipeline, sampling, "
+                        "verification) per sampling setting, on synthetic peaked and flat rows; BUNDLE may be "
+                        "'-' (the vocabulary is --vocab then)")
+    p.add_argument("--vocab", type=int, default=None, help="--micro: vocabulary width (default: the bundle's)")
+    p.add_argument("--gamma", type=int, default=4, help="--micro: draft tokens per round (default 4)")
     p.add_argument("--out", help="write the report as JSON")
     p.add_argument("--plot", help="write speedup vs gamma and per-position acceptance as PNG (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
@@ -210,7 +219,7 @@ def cmd_export(args) -> int:
         print(f"wrote {write_genai_config(args.out, max_draft_tokens=genai_k)}")
         return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
-                  target_quant=args.target_quant, draft_vocab=getattr(args, "draft_vocab", None))
+                  target_quant=args.target_quant, draft_vocab=getattr(args, "draft_vocab", None), generation=None)
     if args.recipe:
         recipe = resolve_recipe(args.recipe)
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}
@@ -265,7 +274,21 @@ def cmd_generate(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import format_table, load_prompts, plot, run_bench
+    from .bench import format_micro, format_table, load_prompts, micro_bench, plot, run_bench
+    if args.micro:
+        vocab = args.vocab
+        if vocab is None:
+            if args.bundle == "-":
+                raise ValueError("--micro with BUNDLE '-' needs --vocab N")
+            from .bundle import load_bundle
+            vocab = load_bundle(args.bundle, verify="size").target.output_vocab
+        if vocab < 2 or args.gamma < 1:
+            raise ValueError("--vocab must be >= 2 and --gamma >= 1")
+        rows = micro_bench(vocab=vocab, gamma=args.gamma)
+        if args.out:
+            Path(args.out).write_text(json.dumps(rows, indent=2))
+        print(json.dumps(rows, indent=2) if args.json else format_micro(rows))
+        return 0
     prompts_path = Path(args.prompts) if args.prompts else _default_prompts()
     if not prompts_path.is_file():
         raise ValueError(f"prompts file {prompts_path} does not exist; pass --prompts FILE (jsonl with \"prompt\")")
@@ -305,8 +328,10 @@ def cmd_verify(args) -> int:
     from .bundle import load_bundle
     from .config import SamplingConfig
     from .exactness import format_verify, run_verify
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    repetition_penalty=args.repetition_penalty)
+    defaults = load_bundle(args.bundle).sampling_defaults
+    fallback = dict(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
+    sampling = {k: getattr(args, k) if getattr(args, k) is not None else defaults.get(k, v)
+                for k, v in fallback.items()}
     SamplingConfig(do_sample=True, **sampling)  # refuse bad settings before any work
     gammas = [int(g) for g in args.num_draft_tokens.split(",") if g.strip()]
     if not gammas or min(gammas) < 1:

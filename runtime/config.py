@@ -42,6 +42,26 @@ class SamplingConfig:
         object.__setattr__(self, "bad_words_ids", words)
 
 
+DRAFT_TOP_K = 64  # the draft samples from at most this many tokens
+DRAFT_SAMPLING = ("match", "temperature")
+
+
+def draft_sampling(target: SamplingConfig, policy: str = "match") -> SamplingConfig:
+    """What the draft samples from. Any choice keeps the output exact, because the verifier sees the very
+    distribution q each draft token was drawn from; it only moves acceptance (sum_x min(p, q)) and cost.
+
+    "match": the target's own settings, with top-k capped at DRAFT_TOP_K (so q lives on a few ids and is cheap
+    to compute, sample and compare). "temperature": the target's temperature, penalty and banned words,
+    top-k DRAFT_TOP_K, no top-p.
+    """
+    if policy not in DRAFT_SAMPLING:
+        raise ValueError(f"draft sampling policy must be one of {', '.join(DRAFT_SAMPLING)}, got {policy!r}")
+    top_k = min(target.top_k or DRAFT_TOP_K, DRAFT_TOP_K)
+    top_p = target.top_p if policy == "match" else 1.0
+    return SamplingConfig(target.do_sample, target.temperature, top_k, top_p, target.repetition_penalty,
+                          target.bad_words_ids)
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
     """How many tokens to draft per round (a fixed count or "auto"), and whether target passes are bitwise.

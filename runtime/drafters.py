@@ -11,15 +11,14 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .logits import LogitsPipeline
+from .logits import Dist, LogitsPipeline
 from .model import CausalLM
-from .verify import sample
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]
-    probs: np.ndarray | None  # [len(tokens), vocab] when sampling, else None
+    dists: list[Dist] | None  # when sampling: the distribution each token was drawn from, else None
 
     @staticmethod
     def empty() -> "Draft":
@@ -79,19 +78,18 @@ class ModelDrafter:
             gamma = max(0, self.lm.capacity - len(committed))
         feed = committed[self.lm.length:]
         tokens: list[int] = []
-        rows = []
+        dists = []
         for _ in range(gamma):
             logits = self.lm.forward(feed, keep=1)
-            context = committed + tokens
             if sampling:
-                q = pipeline.probs(logits, context)[0]
-                tok = sample(q, rng)
-                rows.append(q)
+                q = pipeline.row(logits[0], committed, tokens, inplace=True)
+                tok = q.sample(rng)
+                dists.append(q)
             else:
-                tok = int(pipeline.greedy(logits, context)[0])
+                tok = int(pipeline.greedy(logits, committed, tokens)[0])
             tokens.append(tok)
             feed = [tok]
-        return Draft(tokens, np.stack(rows) if sampling and rows else None)
+        return Draft(tokens, dists if sampling else None)
 
 
 class PromptLookupDrafter:
@@ -111,11 +109,7 @@ class PromptLookupDrafter:
         tokens = self.lookup(committed, gamma)
         if not tokens:
             return Draft.empty()
-        probs = None
-        if sampling:
-            probs = np.zeros((len(tokens), pipeline.vocab_size))
-            probs[np.arange(len(tokens)), tokens] = 1.0
-        return Draft(tokens, probs)
+        return Draft(tokens, [Dist.one_hot(t) for t in tokens] if sampling else None)
 
     def lookup(self, committed: Sequence[int], gamma: int) -> list[int]:
         """Tokens that followed the most recent earlier occurrence of the longest matching tail."""

@@ -219,7 +219,7 @@ class MemoLM:
             stand_in = tuple(full[:base])
             keys = [key if len(key) - base < k else stand_in for key in keys]
             if stand_in in keys and stand_in not in self._memo:
-                self._memo[stand_in] = self.lm.reference_logits(list(stand_in))[-1]
+                self._memo[stand_in] = self.lm.reference_logits(list(stand_in))[-1].copy()
         for k in keys:  # freshly used rows are the last to be evicted
             if k in self._memo:
                 self._memo.move_to_end(k)
@@ -233,7 +233,7 @@ class MemoLM:
             first = real.length
             rows = real.forward(full[first:end])
             for j, row in zip(range(first, end), rows):
-                self._memo[tuple(full[: j + 1])] = row
+                self._memo[tuple(full[: j + 1])] = row.copy()  # not a view: it would pin a runtime buffer
             while len(self._memo) > self._max_rows:
                 self._memo.popitem(last=False)
         out = np.stack([self._memo[k] for k in keys[len(keys) - (keep or len(keys)):]])
@@ -244,13 +244,14 @@ class MemoLM:
         return self.lm.reference_logits(ids)
 
 
-def wrong_verify(draft_tokens, draft_probs, target_probs, rng):
+def wrong_verify(draft_tokens, draft_dists, target_dist, rng, min_mass=None):
     """A deliberately wrong verifier for negative controls: resamples from p, not max(0, p - q)."""
-    from .verify import Verdict, acceptance_probability, sample
+    from .verify import Verdict, acceptance_probability
     for i, tok in enumerate(draft_tokens):
-        if rng.random() >= acceptance_probability(target_probs[i, tok], draft_probs[i, tok]):
-            return Verdict(i, sample(target_probs[i], rng), False)
-    return Verdict(len(draft_tokens), sample(target_probs[-1], rng), True)
+        p = target_dist(i)
+        if rng.random() >= acceptance_probability(p.prob(tok), draft_dists[i].prob(tok)):
+            return Verdict(i, p.sample(rng), False)
+    return Verdict(len(draft_tokens), target_dist(len(draft_tokens)).sample(rng), True)
 
 
 @dataclass

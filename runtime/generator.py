@@ -11,14 +11,14 @@ import warnings
 import numpy as np
 
 from .bundle import Bundle, load_bundle
-from .config import SamplingConfig, SpeculationConfig
+from .config import SamplingConfig, SpeculationConfig, draft_sampling
 from .controller import make_controller
 from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
-from .logits import LogitsPipeline
+from .logits import LogitsPipeline, Scratch
 from .model import CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
-from .verify import Verdict, greedy_verify, sampled_verify
+from .verify import Verdict, greedy_verify, verify_dists
 
 DRAFTERS = ("model", "prompt_lookup", "none")
 
@@ -37,6 +37,8 @@ class Stats:
     new_tokens: int = 0
     proposed_at: list = field(default_factory=list)   # per draft position: rounds that proposed it
     accepted_at: list = field(default_factory=list)   # per draft position: rounds that accepted it
+    min_mass_at: list = field(default_factory=list)   # per draft position (sampling): sum of sum_x min(p, q)
+    verified_at: list = field(default_factory=list)   # per draft position (sampling): positions verified
     round_times_s: list = field(default_factory=list)
     round_tokens: list = field(default_factory=list)
     round_gammas: list = field(default_factory=list)
@@ -55,6 +57,11 @@ class Stats:
     def per_position_acceptance(self) -> list[float]:
         """P(draft i accepted | draft i proposed), i = 1..gamma."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    @property
+    def per_position_min_mass(self) -> list[float]:
+        """Mean sum_x min(p_i, q_i) over the rounds that verified position i: its expected acceptance."""
+        return [m / n if n else 0.0 for m, n in zip(self.min_mass_at, self.verified_at)]
 
     @property
     def tokens_per_round(self) -> float:
@@ -80,11 +87,20 @@ class Stats:
         self.round_tokens.append(committed)
         self.round_gammas.append(gamma)
 
+    def record_min_mass(self, masses: list[float]) -> None:
+        for i, m in enumerate(masses):
+            if i == len(self.min_mass_at):
+                self.min_mass_at.append(0.0)
+                self.verified_at.append(0)
+            self.min_mass_at[i] += m
+            self.verified_at[i] += 1
+
     def to_dict(self) -> dict:
         return {
             "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
             "new_tokens": self.new_tokens, "acceptance_rate": self.acceptance_rate,
             "per_position_acceptance": self.per_position_acceptance,
+            "per_position_min_mass": self.per_position_min_mass,
             "tokens_per_round": self.tokens_per_round, "tokens_per_s": self.tokens_per_s,
             "target_time_s": self.target_time_s, "draft_time_s": self.draft_time_s,
             "overhead_time_s": self.overhead_time_s, "total_time_s": self.total_time_s,
@@ -142,7 +158,9 @@ class SpeculativeGenerator:
         self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
         self._lock = threading.Lock()
         self._profile: dict | None = None
-        self._sampled_verify = sampled_verify  # replaceable only by exactness checks (negative controls)
+        self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
+        self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
+        self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -206,7 +224,7 @@ class SpeculativeGenerator:
         else:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
         twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
-        twin._profile = self._profile
+        twin._profile, twin.draft_sampling, twin._scratch = self._profile, self.draft_sampling, self._scratch
         return twin
 
     def profile(self) -> dict | None:
@@ -232,15 +250,20 @@ class SpeculativeGenerator:
         return Result(ids, text, stats, reason)
 
     def stream(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, *,
-               max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
-               top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0,
+               max_new_tokens: int = 64, do_sample: bool | None = None, temperature: float | None = None,
+               top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
                bad_words_ids: Sequence[Sequence[int]] = (), seed: int | None = None,
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
                bitwise: bool = True) -> "_Stream":
-        """Yield Events as tokens are committed. Arguments are checked before any work."""
-        sampling = SamplingConfig(do_sample, temperature, top_k, top_p, repetition_penalty,
-                                  tuple(tuple(w) for w in bad_words_ids))
+        """Yield Events as tokens are committed. Arguments are checked before any work.
+
+        Sampling settings left out (None) come from the bundle's generation_config.json, as in transformers'
+        ``generate`` (see ``sampling_defaults``); without one, decoding is greedy and the warpers are off.
+        """
+        sampling = SamplingConfig(**self.sampling_settings(
+            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            repetition_penalty=repetition_penalty), bad_words_ids=tuple(tuple(w) for w in bad_words_ids))
         speculation = SpeculationConfig(num_draft_tokens, bitwise=bitwise)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -256,9 +279,18 @@ class SpeculativeGenerator:
         request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict))
         return _Stream(self, request)
 
+    def sampling_settings(self, **given) -> dict:
+        """Sampling settings for a call: each one given (not None) wins, then the bundle's generation
+        config, then ortspec's defaults (greedy; temperature 1, top-k and top-p off, no penalty)."""
+        fallback = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+        defaults = self.bundle.sampling_defaults
+        return {k: given[k] if given.get(k) is not None else defaults.get(k, v) for k, v in fallback.items()}
+
     # -- the decode loop ------------------------------------------------------
     def _rounds(self, req: _Request, stats: Stats, outcome: list) -> Iterator[Event]:
-        pipe = LogitsPipeline(req.sampling, self.vocab_size)
+        pipe = LogitsPipeline(req.sampling, self.vocab_size, self._scratch)
+        draft_pipe = LogitsPipeline(draft_sampling(req.sampling, self.draft_sampling), self.vocab_size,
+                                    self._scratch) if req.sampling.do_sample else pipe
         rng = np.random.default_rng(req.seed)
         controller = make_controller(req.speculation, self)
         decoder = StreamDecoder(self.codec)
@@ -283,11 +315,12 @@ class SpeculativeGenerator:
             # 1. Choose gamma: never draft past max_new_tokens or the context.
             gamma = min(controller.choose(), remaining - 1, target.capacity - len(committed))
             # 2. Draft gamma tokens with their sampling distributions q.
-            draft = self._draft(committed, gamma, pipe, sampling, rng, stats)
+            draft = self._draft(committed, gamma, draft_pipe, sampling, rng, stats)
             # 3. One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma+1 rows.
             rows = target.forward(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
+            raw = rows.copy() if req.strict else None  # verification may rewrite rows in place
             # 4. Verify left to right; the next token is a correction or the bonus.
-            verdict = self._verify(pipe, rows, committed, draft, sampling, rng)
+            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats)
             # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.
             new = draft.tokens[:verdict.accepted] + [verdict.next_token]
             new, reason = _cut(new, req.eos, remaining)
@@ -299,7 +332,7 @@ class SpeculativeGenerator:
             stats.record(len(draft.tokens), verdict.accepted, len(new), time.perf_counter() - t0)
             controller.update(len(draft.tokens), verdict.accepted)
             if req.strict:
-                self._check(before, new, rows, req.speculation.bitwise)
+                self._check(before, new, raw, req.speculation.bitwise)
             yield from _events(decoder, new, verdict, len(draft.tokens))
             if reason:
                 outcome.append(reason)
@@ -315,19 +348,22 @@ class SpeculativeGenerator:
             draft = self.drafter.propose(committed, gamma, pipe, sampling, rng)
             if len(draft.tokens) > gamma or any(not 0 <= t < self.vocab_size for t in draft.tokens):
                 raise ValueError(f"drafter returned invalid tokens {draft.tokens[:8]}")
-            if sampling and draft.tokens and (draft.probs is None or draft.probs.shape != (len(draft.tokens), self.vocab_size)):
-                raise ValueError("drafter returned no or misshaped draft probabilities")
+            if sampling and draft.tokens and (draft.dists is None or len(draft.dists) != len(draft.tokens)):
+                raise ValueError("drafter returned no or too few draft distributions")
             return draft
         except Exception as exc:  # any draft failure degrades to target-only decoding
             self._disable_draft(exc)
             stats.draft_disabled = True
             return Draft.empty()
 
-    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng) -> Verdict:
+    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, stats: Stats) -> Verdict:
         if sampling:
-            target_probs = pipe.probs(rows, committed, draft.tokens)
-            draft_probs = draft.probs if draft.tokens else np.zeros((0, pipe.vocab_size))
-            return self._sampled_verify(draft.tokens, draft_probs, target_probs, rng)
+            masses: list[float] = []
+            verdict = self._sampled_verify(draft.tokens, draft.dists or [],
+                                           lambda i: pipe.row(rows[i], committed, draft.tokens[:i], inplace=True), rng,
+                                           masses if draft.tokens else None)
+            stats.record_min_mass(masses)
+            return verdict
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 
     def _sync_drafter(self, committed) -> None:
@@ -374,8 +410,8 @@ class SpeculativeGenerator:
             if chat:
                 raise ValueError("chat=True needs a text prompt, not input_ids")
             try:
-                ids = [int(t) for t in input_ids]
-            except (TypeError, ValueError):
+                ids = [_token_id(t) for t in input_ids]
+            except TypeError:
                 raise ValueError("input_ids must be a sequence of integers") from None
         if not ids:
             raise ValueError("the prompt encodes to no tokens; pass a longer prompt")
@@ -428,6 +464,13 @@ class _Stream:
                 stats.overhead_time_s = max(0.0, stats.total_time_s - stats.target_time_s - stats.draft_time_s)
                 stats.draft_disabled = stats.draft_disabled or gen.draft_disabled
                 self.result = (stats, outcome[0] if outcome else "interrupted")
+
+
+def _token_id(value) -> int:
+    """An integer token id (Python or NumPy integers); booleans and non-integral numbers are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"input_ids must hold integer token ids, got {value!r}")
+    return int(value)
 
 
 def _cut(new: list[int], eos: frozenset, remaining: int) -> tuple[list[int], str | None]:

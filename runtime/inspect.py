@@ -47,6 +47,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
             compat = str(exc)
             errors.append(compat)
     return {"bundle": str(Path(path).resolve()), "ok": not errors, "errors": errors, "models": models,
+            "generation_defaults": bundle.sampling_defaults,
             "tokenizer": bundle.manifest.get("tokenizer"), "compatibility": compat,
             "export_versions": bundle.manifest.get("export_versions", {})}
 
@@ -81,6 +82,9 @@ def format_report(r: dict) -> str:
         pres = [n for n in outs if n.startswith("present.")]
         if pres:
             lines.append(f"    out {pres[0]} .. {pres[-1]} ({len(pres)} tensors) {outs[pres[0]]}")
+    defaults = r.get("generation_defaults") or {}
+    lines.append("  generation defaults (generation_config.json): " + (
+        ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "none: greedy, warpers off"))
     tok = r.get("tokenizer")
     if tok:
         lines.append(f"  tokenizer: {tok.get('vocab_size')} tokens, eos {tok.get('eos_token_ids')}, "

@@ -1,20 +1,169 @@
-"""The logits pipeline: raw logits -> processed scores -> probabilities.
+"""The logits pipeline: raw logits -> processed scores -> the distribution sampled from.
 
 One implementation serves target and draft, so that the draft probabilities
 handed to the verifier are exactly the ones the draft sampled from. Order and
 semantics follow Hugging Face `generate`: repetition penalty and banned words
-(processors), then temperature, top-k, top-p (warpers). All math is float64.
+(processors), then temperature, top-k, top-p (warpers).
+
+Speed. A row is 32k-152k floats and a round touches up to 2 gamma + 1 rows,
+so no step may sort or exponentiate in float64 over the whole vocabulary.
+``row`` returns a ``Dist``: with top-k (or a nucleus that is small) the
+largest entries are found through the maxima of 32-entry blocks (the k-th
+largest block maximum bounds the k-th largest entry from below, so only k
+blocks are searched) and the distribution is kept as token ids with float64
+probabilities; without truncation it is the float32 weights exp((s - max)/T)
+over the vocabulary and their float64 total. Sampling from either takes one
+uniform number (inverse CDF over ids, or over blocks then within one).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+import sys
 from typing import Sequence
 
 import numpy as np
 
 from .config import SamplingConfig
 
-# How many candidates top-p inspects before falling back to a full sort.
-_TOP_P_PARTIAL = 256
+BLOCK_ROWS = 32       # a row of width W is viewed as [32, W / 32]; a "block" is one column of it
+SPARSE_MAX = 4096     # a nucleus of at most this many tokens is kept as ids + probabilities
+NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
+
+
+@dataclass(frozen=True)
+class Dist:
+    """One row's distribution: sparse (``ids`` ascending, float64 ``probs``) or dense (float32 ``weights``
+    over the vocabulary, probability = weight / ``total``)."""
+
+    ids: np.ndarray | None = None
+    probs: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    total: float = 1.0
+
+    @staticmethod
+    def from_probs(probs: np.ndarray) -> "Dist":
+        """A sparse Dist of a probability vector's nonzero entries (need not be exactly normalized)."""
+        probs = np.asarray(probs, dtype=np.float64)
+        ids = np.flatnonzero(probs > 0)
+        return Dist(ids, probs[ids])
+
+    @staticmethod
+    def one_hot(token: int) -> "Dist":
+        return Dist(np.array([int(token)], dtype=np.int64), np.ones(1))
+
+    @property
+    def sparse(self) -> bool:
+        return self.ids is not None
+
+    @property
+    def support_size(self) -> int:
+        return int(self.ids.size) if self.sparse else int(np.count_nonzero(self.weights))
+
+    def prob(self, token: int) -> float:
+        if self.sparse:
+            i = int(np.searchsorted(self.ids, token))
+            return float(self.probs[i]) if i < self.ids.size and self.ids[i] == token else 0.0
+        return float(self.weights[token]) / self.total if 0 <= token < self.weights.size else 0.0
+
+    def probs_of(self, tokens: np.ndarray) -> np.ndarray:
+        """Probabilities of several tokens (float64)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if self.sparse:
+            i = np.minimum(np.searchsorted(self.ids, tokens), max(self.ids.size - 1, 0))
+            hit = self.ids[i] == tokens if self.ids.size else np.zeros(tokens.size, bool)
+            return np.where(hit, self.probs[i] if self.ids.size else 0.0, 0.0)
+        return self.weights[tokens].astype(np.float64) / self.total
+
+    def dense(self, vocab: int) -> np.ndarray:
+        """The distribution as a float64 vector of width ``vocab``."""
+        out = np.zeros(vocab)
+        if self.sparse:
+            out[self.ids] = self.probs / self.probs.sum()
+        else:
+            out[:self.weights.size] = self.weights / self.total
+        return out
+
+    def sample(self, rng: np.random.Generator) -> int:
+        """One draw by inverse CDF (one uniform number)."""
+        if self.sparse:
+            return int(self.ids[_inverse_cdf(self.probs, rng.random())])
+        return sample_weights(self.weights, rng.random())
+
+    def min_mass(self, other: "Dist") -> float:
+        """sum_x min(self(x), other(x)): the probability that a draft from ``other`` is accepted here."""
+        small, big = (other, self) if other.sparse else (self, other)
+        if not small.sparse:
+            v = max(self.weights.size, other.weights.size)
+            return float(np.minimum(self.dense(v), other.dense(v)).sum())
+        norm = small.probs / small.probs.sum()
+        return float(np.minimum(norm, big.probs_of(small.ids)).sum())
+
+
+def _inverse_cdf(weights: np.ndarray, u: float) -> int:
+    cdf = np.cumsum(weights)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), weights.size - 1)
+
+
+def sample_weights(weights: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw over float32 ``weights`` in block order: first a block by the block sums, then within it."""
+    width = weights.size
+    cols = width // BLOCK_ROWS
+    if cols < 2:
+        return _inverse_cdf(weights.astype(np.float64), u)
+    body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
+    block = np.ones(BLOCK_ROWS, dtype=np.float32) @ body          # float32 sums of each block (BLAS)
+    tail = weights[cols * BLOCK_ROWS:].astype(np.float64)
+    cum = np.cumsum(block, dtype=np.float64)
+    x = u * (cum[-1] + tail.sum())
+    if x >= cum[-1] and tail.size and tail.sum() > 0:
+        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - cum[-1]) / tail.sum())
+    j = min(int(np.searchsorted(cum, x, side="right")), cols - 1)
+    while block[j] <= 0:  # rounding pushed x past the last block with mass
+        j -= 1
+    inside = body[:, j].astype(np.float64)
+    r = (x - (cum[j - 1] if j else 0.0)) / inside.sum()
+    return _inverse_cdf(inside, min(max(r, 0.0), 1.0)) * cols + j
+
+
+def top_candidates(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of every entry >= a bound that the k-th largest entry reaches: a superset of the top k (ties
+    included), found by searching only the k blocks with the largest maxima."""
+    width = scores.size
+    cols = width // BLOCK_ROWS
+    if k >= cols:
+        if k >= width:
+            return np.arange(width)
+        kth = np.partition(scores, width - k)[width - k]
+        return np.flatnonzero(scores >= kth)
+    body = scores[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
+    maxima = body.max(axis=0)
+    bound = np.partition(maxima, cols - k)[cols - k]  # k distinct entries reach it: the k-th largest does too
+    blocks = np.flatnonzero(maxima >= bound)
+    sub = body[:, blocks]
+    rows, which = np.nonzero(sub >= bound)
+    found = rows * cols + blocks[which]
+    tail = np.flatnonzero(scores[cols * BLOCK_ROWS:] >= bound) + cols * BLOCK_ROWS
+    return np.concatenate([found, tail]) if tail.size else found
+
+
+class Scratch:
+    """A few reusable vocabulary-wide float32 arrays. Fresh arrays of this size cost page faults on every
+    allocation (more than the arithmetic on them); one is handed out again only when nothing refers to it
+    any more (a returned Dist keeps its weights referenced). One Scratch per thread of work."""
+
+    KEEP = 4
+
+    def __init__(self):
+        self._arrays: list[np.ndarray] = []
+
+    def take(self, width: int) -> np.ndarray:
+        for i, arr in enumerate(self._arrays):
+            if sys.getrefcount(arr) <= 3 and arr.size == width:  # the list, this loop, the call
+                return arr
+        arr = np.empty(width, dtype=np.float32)
+        if len(self._arrays) < self.KEEP:
+            self._arrays.append(arr)
+        return arr
 
 
 class LogitsPipeline:
@@ -24,37 +173,25 @@ class LogitsPipeline:
     committed tokens plus the draft tokens fed before that position.
     """
 
-    def __init__(self, config: SamplingConfig, vocab_size: int):
+    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None):
         self.config = config
         self.vocab_size = int(vocab_size)
+        self.scratch = scratch or Scratch()
         single = [w[0] for w in config.bad_words_ids if len(w) == 1]
         self._banned = np.array(sorted(set(single)), dtype=np.int64)
         self._banned = self._banned[self._banned < self.vocab_size]
         self._multi = [w for w in config.bad_words_ids if len(w) > 1]
+        self._seen_of: list[int] = []     # the context whose distinct tokens are cached (repetition penalty)
+        self._seen: set[int] = set()
+        self._seen_ids = np.zeros(0, dtype=np.int64)
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """Processed scores [rows, vocab] in float64 (penalty + banned words)."""
         rows = np.asarray(logits, dtype=np.float64)[:, : self.vocab_size].copy()
-        cfg = self.config
-        base_arr = np.asarray(base, dtype=np.int64)
-        if cfg.repetition_penalty != 1.0:
-            seen = np.unique(base_arr)
-            for i in range(rows.shape[0]):
-                ids = seen if i == 0 else np.union1d(seen, np.asarray(new[:i], dtype=np.int64))
-                ids = ids[ids < self.vocab_size]
-                picked = rows[i, ids]
-                rows[i, ids] = np.where(picked < 0, picked * cfg.repetition_penalty,
-                                        picked / cfg.repetition_penalty)
-        if self._banned.size:
-            rows[:, self._banned] = -np.inf
-        if self._multi:
-            for i in range(rows.shape[0]):
-                context = list(base_arr[-16:]) + list(new[:i])  # enough for any short ban
-                for word in self._multi:
-                    prefix = list(word[:-1])
-                    if word[-1] < self.vocab_size and context[len(context) - len(prefix):] == prefix:
-                        rows[i, word[-1]] = -np.inf
+        for i in range(rows.shape[0]):
+            ids, values = self._changes(rows[i], base, new[:i])
+            rows[i, ids] = values
         if not np.all(np.isfinite(rows.max(axis=1))):
             raise ValueError("every token is banned at some position; remove entries from bad_words_ids")
         return rows
@@ -65,21 +202,165 @@ class LogitsPipeline:
             return np.argmax(logits[:, : self.vocab_size], axis=1)  # float32 -> float64 keeps the order
         return np.argmax(self.scores(logits, base, new), axis=1)
 
-    # -- warpers (sampling) -----------------------------------------------
-    def probs(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
-        """The distributions actually sampled from, [rows, vocab] float64."""
-        rows = self.scores(logits, base, new)
+    def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
+        """Distinct ids of base + new. A context that extends the last one (as a request's does, round after
+        round) only adds its new tokens to the cached set."""
+        n = len(self._seen_of)
+        if len(base) < n or list(base[:n]) != self._seen_of:
+            self._seen_of, self._seen, n = [], set(), 0
+        if len(base) > n:
+            fresh = [int(t) for t in base[n:]]
+            self._seen_of.extend(fresh)
+            self._seen.update(fresh)
+            self._seen_ids = np.fromiter(sorted(self._seen), dtype=np.int64, count=len(self._seen))
+        extra = [int(t) for t in new if int(t) not in self._seen]
+        ids = np.union1d(self._seen_ids, extra) if extra else self._seen_ids
+        return ids[ids < self.vocab_size]
+
+    def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
         cfg = self.config
-        if cfg.temperature != 1.0:
-            rows /= cfg.temperature
+        ids = np.zeros(0, dtype=np.int64)
+        values = np.zeros(0, dtype=row.dtype)
+        if cfg.repetition_penalty != 1.0:
+            ids = self._seen_tokens(base, new)
+            picked = row[ids]
+            values = np.where(picked < 0, picked * cfg.repetition_penalty, picked / cfg.repetition_penalty)
+            values = values.astype(row.dtype)
+        banned = list(self._banned)
+        if self._multi:
+            context = [int(t) for t in base[-16:]] + [int(t) for t in new]  # enough for any short ban
+            for word in self._multi:
+                prefix = list(word[:-1])
+                if word[-1] < self.vocab_size and context[len(context) - len(prefix):] == prefix:
+                    banned.append(word[-1])
+        if banned:
+            ids = np.concatenate([ids, np.asarray(banned, dtype=np.int64)])
+            values = np.concatenate([values, np.full(len(banned), -np.inf, dtype=row.dtype)])
+        return ids, values
+
+    # -- warpers (sampling) -----------------------------------------------
+    def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
+        """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
+        (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
+        cfg = self.config
+        scores = np.asarray(logits)[: self.vocab_size]
+        if scores.dtype != np.float32:
+            scores, inplace = scores.astype(np.float32), True
+        ids, values = self._changes(scores, base, new)
+        if ids.size:
+            if not inplace:
+                copy = self.scratch.take(scores.size)
+                np.copyto(copy, scores)
+                scores = copy
+            scores[ids] = values
         if cfg.top_k and cfg.top_k < self.vocab_size:
-            kth = np.partition(rows, -cfg.top_k, axis=1)[:, -cfg.top_k][:, None]
-            rows[rows < kth] = -np.inf
-        probs = softmax(rows)
+            cand = top_candidates(scores, cfg.top_k)
+            vals = scores[cand]
+            if cand.size > cfg.top_k:  # keep every entry >= the k-th largest (ties kept, as transformers)
+                kth = np.partition(vals, cand.size - cfg.top_k)[cand.size - cfg.top_k]
+                cand, vals = cand[vals >= kth], vals[vals >= kth]
+            if not np.isfinite(vals.max()):
+                raise ValueError("every token is banned at some position; remove entries from bad_words_ids")
+            return self._sparse(cand, vals)
+        top = float(scores.max())
+        if not np.isfinite(top):
+            raise ValueError("every token is banned at some position; remove entries from bad_words_ids")
+        weights = np.subtract(scores, np.float32(top), out=self.scratch.take(scores.size))
+        if cfg.temperature != 1.0:
+            weights *= np.float32(1.0 / cfg.temperature)
+        np.exp(weights, out=weights)
+        total = _total(weights)
         if cfg.top_p < 1.0:
-            for i in range(probs.shape[0]):
-                probs[i] = top_p_filter(probs[i], cfg.top_p)
-        return probs
+            return self._nucleus(weights, total)
+        return Dist(weights=weights, total=total)
+
+    def probs(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
+        """The distributions actually sampled from, as dense float64 rows [rows, vocab] (for checks)."""
+        return np.stack([self.row(logits[i], base, new[:i]).dense(self.vocab_size) for i in range(len(logits))])
+
+    def _sparse(self, ids: np.ndarray, scores: np.ndarray) -> Dist:
+        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p."""
+        x = scores.astype(np.float64) / self.config.temperature
+        e = np.exp(x - x.max())
+        return self._top_p(ids, e / e.sum())
+
+    def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
+        """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.
+
+        Equivalent to Hugging Face's rule (drop tokens whose ascending cumulative
+        probability is <= 1 - top_p, keep at least one): in descending order (lowest
+        id first on ties) a token is kept iff the mass strictly before it is < top_p.
+        """
+        top_p = self.config.top_p
+        if top_p < 1.0:
+            order = np.lexsort((ids, -probs))
+            before = np.cumsum(probs[order]) - probs[order]
+            keep = order[before < top_p] if before.size else order
+            if keep.size == 0:
+                keep = order[:1]
+            ids, probs = ids[keep], probs[keep] / probs[keep].sum()
+        order = np.argsort(ids)
+        ids, probs = ids[order], probs[order]
+        nonzero = probs > 0
+        return Dist(ids[nonzero], probs[nonzero])
+
+    def _nucleus(self, weights: np.ndarray, total: float, target: float | None = None) -> Dist:
+        """Top-p over dense weights: first among the largest blocks; a large nucleus by a threshold search."""
+        target = self.config.top_p * total
+        cols = weights.size // BLOCK_ROWS
+        below = np.inf  # every entry >= below has been looked at
+        for probe in NUCLEUS_PROBES:
+            if probe > cols // 4:
+                break
+            cand = top_candidates(weights, probe)  # every entry >= some bound: a prefix of the descending order
+            if _total(weights[cand]) >= target:
+                return self._top_p(cand, weights[cand].astype(np.float64) / total)
+            below = float(weights[cand].min())
+        return self._large_nucleus(weights, total, target, below)
+
+    def _large_nucleus(self, weights: np.ndarray, total: float, target: float, below: float) -> Dist:
+        """The nucleus by threshold: mass above a bracket estimated from a sorted subsample of the entries not yet
+        looked at, then the band inside the bracket sorted exactly. The last bracket is the whole row."""
+        step = max(1, weights.size // 2048)
+        sub = weights[::step]
+        sub = np.sort(sub[sub < below])[::-1].astype(np.float64)
+        known = float(np.sum(weights, where=weights >= below, dtype=np.float64)) if np.isfinite(below) else 0.0
+        j = int(np.searchsorted(known + np.cumsum(sub) * step, target))
+        for spread in (8, 64, None):
+            hi = sub[j - spread] if spread is not None and 0 <= j - spread < sub.size else np.inf
+            lo = sub[j + spread] if spread is not None and j + spread < sub.size else 0.0
+            above = weights > hi
+            mass_above = float(np.sum(weights, where=above, dtype=np.float64))
+            band = np.flatnonzero((weights >= lo) & ~above)
+            band_mass = float(weights[band].sum(dtype=np.float64))
+            if mass_above < target <= mass_above + band_mass:
+                break  # the last bracket (nothing above, nothing below) always gets here
+        order = band[np.lexsort((band, -weights[band]))]
+        before = mass_above + np.cumsum(weights[order], dtype=np.float64) - weights[order]
+        kept = order[before < target]
+        if np.count_nonzero(above) + kept.size <= SPARSE_MAX:
+            ids = np.concatenate([np.flatnonzero(above), kept])
+            return self._top_p_done(ids, weights[ids])
+        out = np.where(above, weights, np.float32(0))
+        out[kept] = weights[kept]
+        return Dist(weights=out, total=mass_above + float(weights[kept].sum(dtype=np.float64)))
+
+    @staticmethod
+    def _top_p_done(ids: np.ndarray, weights: np.ndarray) -> Dist:
+        order = np.argsort(ids)
+        w = weights[order].astype(np.float64)
+        return Dist(ids[order], w / w.sum())
+
+
+def _total(weights: np.ndarray) -> float:
+    """Sum of float32 weights, accumulated per block in float32 (BLAS) and across blocks in float64."""
+    cols = weights.size // BLOCK_ROWS
+    if cols < 2:
+        return float(weights.sum(dtype=np.float64))
+    body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
+    block = np.ones(BLOCK_ROWS, dtype=np.float32) @ body
+    return float(block.sum(dtype=np.float64) + weights[cols * BLOCK_ROWS:].sum(dtype=np.float64))
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
@@ -90,23 +371,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 
 
 def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest set of tokens whose cumulative probability reaches top_p.
-
-    Equivalent to Hugging Face's rule (drop tokens whose ascending cumulative
-    probability is <= 1 - top_p, keep at least one): in descending order a
-    token is kept iff the mass strictly before it is < top_p.
-    """
-    n = probs.shape[0]
-    m = min(_TOP_P_PARTIAL, n)
-    cand = np.argpartition(-probs, m - 1)[:m] if m < n else np.arange(n)
-    order = cand[np.argsort(-probs[cand], kind="stable")]
-    before = np.cumsum(probs[order]) - probs[order]
-    if m < n and before[-1] + probs[order[-1]] < top_p:  # nucleus larger than the candidates
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]
-    keep = order[before < top_p]
-    if keep.size == 0:
-        keep = order[:1]
-    out = np.zeros_like(probs)
-    out[keep] = probs[keep]
-    return out / out.sum()
+    """Keep the smallest set of tokens whose cumulative probability reaches top_p (a dense vector)."""
+    pipe = LogitsPipeline(SamplingConfig(do_sample=True, top_p=top_p), probs.shape[0])
+    ids = np.flatnonzero(probs > 0)
+    return pipe._top_p(ids, probs[ids] / probs[ids].sum()).dense(probs.shape[0])

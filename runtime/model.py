@@ -27,6 +27,7 @@ bound to host memory.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Sequence
 
@@ -115,7 +116,8 @@ class CausalLM:
 
     RESERVE_STEP = 256  # static caches grow in multiples of this many positions
     CHUNK = 512         # positions per pass when feeding a long prompt: activations stay bounded
-    HOST_ROWS = 64      # logits rows of the reusable host buffer; a larger request gets a temporary one
+    HOST_ROWS = 64      # logits rows of a reusable host buffer; a larger request gets a temporary one
+    HOST_BUFFERS = 3    # reusable host buffers (a returned array keeps its buffer out of use while it lives)
     # onnxruntime's CPU kernels compute a row that is alone in its tile of rows on another path, with
     # other rounding: any one-position pass, and (GroupQueryAttention with head size 16) the last row of
     # a pass of 32k + 1 positions. Bitwise passes never have ROW_TILE * k + 1 positions (nor the output
@@ -151,7 +153,7 @@ class CausalLM:
         self._past: list = list(self._empty)   # static: the shared buffers; concat: last presents
         self._stored = 0                       # concat: positions held; static: buffer capacity
         self._binding = None                   # static: IO binding with the KV buffers already bound
-        self._host: np.ndarray | None = None   # reusable host buffer the kept logits rows are written into
+        self._host: list[np.ndarray] = []      # reusable host buffers the kept logits rows are written into
         # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
         # shares its pass. The generator sets it per request.
         self.bitwise = False
@@ -351,16 +353,30 @@ class CausalLM:
         out = self._host_rows(rows)
         b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
         self._execute(b)
-        return out[0, -keep:].astype(np.float32)  # a copy: the buffer is reused by the next run
+        rows = out[0, -keep:]
+        return rows if rows.dtype == np.float32 else rows.astype(np.float32)
 
     def _host_rows(self, rows: int) -> np.ndarray:
-        """A [1, rows, vocab] host array for the logits: a view of one reusable buffer when small enough."""
+        """A [1, rows, vocab] host array for the logits to be written into.
+
+        Small requests get a view of one of HOST_BUFFERS reusable buffers that no array handed out earlier
+        still refers to (numpy views keep their buffer referenced, so the reference count tells): the logits
+        are returned without a copy, and a buffer is written again only once nothing can read it. A buffer
+        already touched also spares the page faults of fresh memory.
+        """
         width, dtype = self.spec.vocab_size, _NP[self.spec.dtype]
+        need = rows * width
         if rows > self.HOST_ROWS:
-            return np.empty((1, rows, width), dtype=dtype)  # freed after this run: nothing grows with use
-        if self._host is None or self._host.size < rows * width:
-            self._host = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
-        return self._host[:rows * width].reshape(1, rows, width)
+            return np.empty((1, rows, width), dtype=dtype)  # freed after use: nothing grows with use
+        for i, buf in enumerate(self._host):
+            if sys.getrefcount(buf) <= 3:  # the list, this loop, the call: nobody else holds it
+                if buf.size < need:
+                    buf = self._host[i] = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
+                return buf[:need].reshape(1, rows, width)
+        buf = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
+        if len(self._host) < self.HOST_BUFFERS:
+            self._host.append(buf)
+        return buf[:need].reshape(1, rows, width)
 
     def _trimmed(self, length: int) -> list:
         """The cache tensors cut to ``length`` positions (device-side Slice)."""

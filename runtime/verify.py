@@ -9,9 +9,11 @@ sampling. Greedy: accept d_i iff it is the target's argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+
+from .logits import Dist, sample_weights
 
 # Below this mass the residual max(0, p - q) is numerical noise: p == q.
 RESIDUAL_EPS = 1e-12
@@ -53,7 +55,7 @@ def acceptance_probability(p_token: float, q_token: float) -> float:
 
 def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
                    target_probs: np.ndarray, rng: np.random.Generator) -> Verdict:
-    """Verify ``gamma`` drafted tokens against ``gamma + 1`` target distributions.
+    """Verify ``gamma`` drafted tokens against ``gamma + 1`` target distributions (dense arrays).
 
     draft_probs[i] is the distribution d_i was sampled from; target_probs[i] is
     the target's distribution at the same position (conditioned on d_1..d_i-1).
@@ -63,11 +65,44 @@ def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
     if target_probs.shape[0] != gamma + 1 or draft_probs.shape[0] != gamma:
         raise ValueError(f"need {gamma} draft rows and {gamma + 1} target rows, got "
                          f"{draft_probs.shape[0]} and {target_probs.shape[0]}")
+    return verify_dists(draft_tokens, [Dist.from_probs(q) for q in draft_probs],
+                        lambda i: Dist.from_probs(target_probs[i]), rng)
+
+
+def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], target_dist: Callable[[int], Dist],
+                 rng: np.random.Generator, min_mass: list | None = None) -> Verdict:
+    """The same rules over ``Dist`` rows; ``target_dist(i)`` is asked for row i only when the verdict needs it
+    (rows after the first rejection are never computed). With ``min_mass``, sum_x min(p_i, q_i) of every
+    verified position is appended to it (the acceptance probability there, for statistics)."""
+    gamma = len(draft_tokens)
     for i, tok in enumerate(draft_tokens):
-        accept = acceptance_probability(target_probs[i, tok], draft_probs[i, tok])
-        if rng.random() >= accept:
-            return Verdict(i, sample(residual(target_probs[i], draft_probs[i]), rng), False)
-    return Verdict(gamma, sample(target_probs[gamma], rng), True)
+        target, draft = target_dist(i), draft_dists[i]
+        if min_mass is not None:
+            min_mass.append(target.min_mass(draft))
+        if rng.random() >= acceptance_probability(target.prob(tok), draft.prob(tok)):
+            return Verdict(i, residual_sample(target, draft, rng), False)
+    return Verdict(gamma, target_dist(gamma).sample(rng), True)
+
+
+def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:
+    """One draw from normalize(max(0, p - q)); from p when p and q coincide (residual mass ~0)."""
+    if target.sparse and draft.sparse:
+        ids = np.union1d(target.ids, draft.ids)
+        r = np.maximum(target.probs_of(ids) - draft.probs_of(ids), 0.0)
+        if r.sum() <= RESIDUAL_EPS:
+            return target.sample(rng)
+        cdf = np.cumsum(r)
+        return int(ids[min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), ids.size - 1)])
+    if not target.sparse and draft.sparse:  # the usual dense case: q lives on a few ids, p everywhere
+        p_there = target.probs_of(draft.ids)
+        overlap = np.minimum(p_there, draft.probs / draft.probs.sum())
+        if 1.0 - overlap.sum() <= RESIDUAL_EPS:
+            return target.sample(rng)
+        weights = target.weights.copy()
+        weights[draft.ids] = ((p_there - overlap) * target.total).astype(np.float32)
+        return sample_weights(weights, rng.random())
+    width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
+    return sample(residual(target.dense(width), draft.dense(width)), rng)
 
 
 def greedy_verify(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:

@@ -12,21 +12,13 @@ def chi_square_p(counts, probs) -> float:
     return pooled_chi_square(counts, probs)[0]
 
 
-def wrong_verify(draft_tokens, draft_probs, target_probs, rng):
-    """The classic bug, for negative controls: on rejection resample from p, not max(0, p - q)."""
-    from ortspec import verify
-    for i, tok in enumerate(draft_tokens):
-        if rng.random() >= verify.acceptance_probability(target_probs[i, tok], draft_probs[i, tok]):
-            return verify.Verdict(i, verify.sample(target_probs[i], rng), False)
-    return verify.Verdict(len(draft_tokens), verify.sample(target_probs[-1], rng), True)
-
-
 _GENERATORS: dict = {}
 
 
 def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
     """Worker: counts of the first ``k`` generated tokens over ``seeds`` (runs in a pool process)."""
     from ortspec import SpeculativeGenerator, generator
+    from ortspec.exactness import wrong_verify
     key = (job["bundle"], job["drafter"])
     if key not in _GENERATORS:
         _GENERATORS[key] = SpeculativeGenerator.load(job["bundle"], drafter=job["drafter"], threads=1)
@@ -36,7 +28,7 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
     k, vocab = job["k"], gen.vocab_size
     counts = np.zeros((vocab,) * k, dtype=np.int64)
     drafted = accepted = 0
-    gen._sampled_verify = wrong_verify if job["wrong"] else generator.sampled_verify
+    gen._sampled_verify = wrong_verify if job["wrong"] else generator.verify_dists
     try:
         for seed in job["seeds"]:
             res = gen.generate(input_ids=job["prompt"], max_new_tokens=job["max_new_tokens"], do_sample=True,
@@ -45,5 +37,5 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
             drafted += res.stats.drafted
             accepted += res.stats.accepted
     finally:
-        gen._sampled_verify = generator.sampled_verify
+        gen._sampled_verify = generator.verify_dists
     return counts, drafted, accepted

@@ -78,10 +78,13 @@ def test_logits_only_where_used(kinds):
     ids = [int(t) for t in np.random.default_rng(4).integers(3, 120, 200)]
     full = lm.prefill(ids)
     assert np.array_equal(lm.prefill(ids, keep=2), full[-2:])
-    assert lm._host.size <= lm.HOST_ROWS * lm.spec.vocab_size
-    for n in (30, 90, 170):  # prompts of many lengths: the buffer stays the same
+    held = [lm.prefill(ids[:n], keep=2) for n in (30, 90, 170, 40, 60)]  # callers holding results
+    for n in range(20, 200, 7):  # prompts of many lengths: the host buffers stay few and bounded
         lm.prefill(ids[:n], keep=1)
-    assert lm._host.size <= lm.HOST_ROWS * lm.spec.vocab_size
+    assert len(lm._host) <= lm.HOST_BUFFERS
+    assert all(b.size <= lm.HOST_ROWS * lm.spec.vocab_size for b in lm._host)
+    for n, rows in zip((30, 90, 170, 40, 60), held):  # what callers hold is never overwritten
+        assert np.array_equal(rows, full[n - 2:n])
 
 
 @pytest.mark.parametrize("kind", ["llama-int4", "qwen2-int8w", "llama-fp16"])

@@ -331,12 +331,37 @@ def test_bad_prompts(llama_bundle):
         gen.generate(input_ids=[1, 128])
     with pytest.raises(ValueError, match="outside the vocabulary"):
         gen.generate(input_ids=[-1])
+    for bad in ([1.5, 2.0], [1, True], [np.float32(3.0)], ["5"]):  # no silent truncation or casting
+        with pytest.raises(ValueError, match="integer token ids, got"):
+            gen.generate(input_ids=bad)
+    assert gen.generate(input_ids=np.array([1, 5, 9], dtype=np.int32), max_new_tokens=2).token_ids  # NumPy ints
     with pytest.raises(CacheOverflowError, match="max_new_tokens"):
         gen.generate(input_ids=[1] * 200, max_new_tokens=100)
     with pytest.raises(ValueError, match="drafter"):
         SpeculativeGenerator.load(llama_bundle, drafter="oracle")
     with pytest.raises(BundleError, match="does not exist"):
         SpeculativeGenerator.load("/nonexistent/bundle")
+
+
+def test_generation_config_supplies_the_sampling_defaults(tmp_path, llama_bundle):
+    import json
+    import shutil
+    b = tmp_path / "b"
+    shutil.copytree(llama_bundle, b)
+    config = json.loads((b / "generation_config.json").read_text())
+    config.update(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
+    (b / "generation_config.json").write_text(json.dumps(config))
+    gen = SpeculativeGenerator.load(b)
+    assert gen.sampling_settings() == dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.8,
+                                           repetition_penalty=1.05)
+    assert gen.sampling_settings(do_sample=False, top_k=5)["do_sample"] is False  # an explicit value wins
+    sampled = gen.generate(input_ids=PROMPTS[0], max_new_tokens=20, seed=1).token_ids
+    explicit = gen.generate(input_ids=PROMPTS[0], max_new_tokens=20, seed=1, do_sample=True, temperature=0.7,
+                            top_k=20, top_p=0.8, repetition_penalty=1.05).token_ids
+    assert sampled == explicit
+    greedy = SpeculativeGenerator.load(llama_bundle).generate(input_ids=PROMPTS[0], max_new_tokens=20,
+                                                               repetition_penalty=1.05).token_ids
+    assert gen.generate(input_ids=PROMPTS[0], max_new_tokens=20, do_sample=False).token_ids == greedy
 
 
 def test_device_trim_path_gives_the_same_output(pair_bundle, baselines):

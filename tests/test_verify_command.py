@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ortspec.drafters import Draft
+from ortspec.logits import Dist
 from ortspec.exactness import run_verify, wrong_verify
 
 PROMPTS = [[1, 5, 9, 5], [1, 7, 3, 3, 8]]
@@ -40,10 +41,10 @@ def test_fails_when_the_draft_reports_a_different_q(small_bundle):
 
         def propose(committed, gamma, pipeline, sampling, rng):
             d = original(committed, gamma, pipeline, sampling, rng)
-            if d.probs is None:
+            if d.dists is None:
                 return d
-            flat = np.sqrt(d.probs)  # not the distribution the tokens were drawn from
-            return Draft(d.tokens, flat / flat.sum(axis=1, keepdims=True))
+            flat = [np.sqrt(q.dense(gen.vocab_size)) for q in d.dists]  # not what the tokens were drawn from
+            return Draft(d.tokens, [Dist.from_probs(f / f.sum()) for f in flat])
         gen.drafter.propose = propose
     r = verify(small_bundle, configure=report_unprocessed_q, temperature=0.6)
     assert r["verdict"] == "fail"

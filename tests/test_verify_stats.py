@@ -7,8 +7,15 @@ residual and must reject.
 import numpy as np
 import pytest
 
-from ortspec import verify
-from stats_util import ALPHA, chi_square_p, wrong_verify
+from ortspec import exactness, verify
+from ortspec.logits import Dist
+from stats_util import ALPHA, chi_square_p
+
+
+def wrong_verify(draft_tokens, draft_probs, target_probs, rng):
+    """The classic bug (resample from p, not max(0, p - q)) on dense arrays, for the negative control."""
+    return exactness.wrong_verify(draft_tokens, [Dist.from_probs(q) for q in draft_probs],
+                                  lambda i: Dist.from_probs(target_probs[i]), rng)
 
 N = 200_000
 

@@ -60,12 +60,12 @@ def test_sampled_drafts_stay_inside_the_subset(subset_pair):
     def spy(*a, **k):
         d = orig(*a, **k)
         drafted.extend(d.tokens)
-        if d.probs is not None and len(d.tokens):
-            assert np.all(d.probs[:, 40:] == 0)
+        for q in d.dists or []:
+            assert np.all(q.dense(gen.vocab_size)[40:] == 0)
         return d
     gen.drafter.propose = spy
-    gen.generate(input_ids=[1, 5, 6], max_new_tokens=60, do_sample=True, temperature=1.5, seed=3, strict=True)
-    assert drafted and max(drafted) < 40
+    res = gen.generate(input_ids=[1, 5, 6], max_new_tokens=60, do_sample=True, temperature=1.5, seed=3, strict=True)
+    assert drafted and max(drafted) < 40 and not res.stats.draft_disabled
 
 
 @pytest.mark.parametrize("bad", [{"full_size": 128, "ranges": [[0, 41]]}, {"full_size": 128, "ranges": [[30, 70], [0, 0]]},

@@ -1,0 +1,152 @@
+"""The fast sampling path (Dist rows, block search, lazy verification) against a plain float64 reference.
+
+The reference below is the straightforward pipeline (full-vocabulary float64 softmax, full sort for top-p);
+the fast path must give the same support and the same probabilities up to float32 rounding, on peaked and
+flat rows, large and small vocabularies. Sampling from dense rows and the dense residual get large-sample
+chi-square tests, each with a negative control.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ortspec import exactness, verify
+from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
+from ortspec.logits import Dist, LogitsPipeline, sample_weights, top_candidates
+from stats_util import ALPHA, chi_square_p
+
+
+def reference(cfg: SamplingConfig, row: np.ndarray, context: list[int], vocab: int) -> np.ndarray:
+    s = row[:vocab].astype(np.float64).copy()
+    if cfg.repetition_penalty != 1.0:
+        ids = np.unique(context)
+        ids = ids[ids < vocab]
+        s[ids] = np.where(s[ids] < 0, s[ids] * cfg.repetition_penalty, s[ids] / cfg.repetition_penalty)
+    for word in cfg.bad_words_ids:
+        if list(context[len(context) - len(word) + 1:]) == list(word[:-1]) or len(word) == 1:
+            s[word[-1]] = -np.inf
+    s /= cfg.temperature
+    if cfg.top_k and cfg.top_k < vocab:
+        kth = np.sort(s)[-cfg.top_k]
+        s[s < kth] = -np.inf
+    p = np.exp(s - s.max())
+    p /= p.sum()
+    if cfg.top_p < 1.0:
+        order = np.lexsort((np.arange(vocab), -p))
+        before = np.cumsum(p[order]) - p[order]
+        keep = order[before < cfg.top_p]
+        out = np.zeros_like(p)
+        out[keep] = p[keep]
+        p = out / out.sum()
+    return p
+
+
+def rows_of(kind: str, vocab: int, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "peaked":
+        rows = rng.standard_normal((n, vocab)) * 2.5
+        rows[:, rng.integers(0, vocab, 8)] += 12
+    elif kind == "flat":
+        rows = rng.standard_normal((n, vocab)) * 0.3
+    else:  # ties: few distinct values
+        rows = np.round(rng.standard_normal((n, vocab)) * 2) / 2
+    return rows.astype(np.float32)
+
+
+SETTINGS = [
+    dict(temperature=0.7),
+    dict(top_k=20),
+    dict(top_k=50, temperature=1.3),
+    dict(top_p=0.9),
+    dict(top_p=0.5, temperature=0.8),
+    dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
+    dict(repetition_penalty=0.8, top_p=0.95),
+    dict(repetition_penalty=1.3, top_k=2000),
+    dict(bad_words_ids=((5,), (7, 9)), top_k=40, temperature=0.9),
+]
+
+
+@pytest.mark.parametrize("vocab", [300, 20_000, 151_936])
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=[str(s) for s in SETTINGS])
+def test_fast_rows_equal_the_reference(vocab, kind, settings):
+    cfg = SamplingConfig(do_sample=True, **settings)
+    pipe = LogitsPipeline(cfg, vocab)
+    rows = rows_of(kind, vocab + 7, 2)  # wider logits (padding) are cut to the vocabulary
+    base = [int(t) for t in np.random.default_rng(1).integers(0, vocab, 300)] + [7]
+    for i, row in enumerate(rows):
+        new = [9][:i]
+        ours = pipe.row(row, base, new).dense(vocab)
+        ref = reference(cfg, row, base + new, vocab)
+        assert np.array_equal(ours > 0, ref > 0), (np.count_nonzero(ours), np.count_nonzero(ref))
+        assert np.allclose(ours, ref, rtol=2e-5, atol=1e-10), np.abs(ours - ref).max()
+
+
+@pytest.mark.parametrize("k", [1, 5, 20, 64, 500, 5000])
+def test_top_candidates_hold_the_top_k_with_ties(k):
+    for kind in ("peaked", "flat", "ties"):
+        row = rows_of(kind, 151_936 + 5, 1, seed=k)[0]
+        cand = top_candidates(row, k)
+        kth = np.sort(row)[-k]
+        assert set(np.flatnonzero(row >= kth)) <= set(cand.tolist())
+        assert np.all(row[cand] >= row[cand].min()) and cand.size < row.size
+
+
+def test_sample_weights_is_exact_over_blocks_and_tail():
+    rng = np.random.default_rng(0)
+    w = np.zeros(1000, dtype=np.float32)  # 7 blocks of 128 rows plus a tail of 104
+    hot = [3, 130, 555, 900, 999]
+    w[hot] = [0.3, 0.1, 0.25, 0.05, 0.3]
+    draws = np.bincount([sample_weights(w, rng.random()) for _ in range(100_000)], minlength=1000)
+    assert set(np.flatnonzero(draws)) <= set(hot)
+    assert chi_square_p(draws[hot], w[hot] / w.sum()) > ALPHA
+
+
+def _first_token_counts(p: Dist, q: Dist, verifier, n: int, vocab: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(vocab, dtype=np.int64)
+    bonus = Dist.one_hot(0)
+    for _ in range(n):
+        d = q.sample(rng)
+        v = verifier([d], [q], lambda i: p if i == 0 else bonus, rng)
+        counts[d if v.accepted else v.next_token] += 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def dense_pair():
+    """A dense target row (temperature only, vocab 20000) and the draft's capped top-k row of a perturbed one."""
+    vocab = 20_000
+    target_row = rows_of("peaked", vocab, 1, seed=5)[0]
+    draft_row = target_row + np.random.default_rng(6).standard_normal(vocab).astype(np.float32)
+    cfg = SamplingConfig(do_sample=True, temperature=1.0)
+    p = LogitsPipeline(cfg, vocab).row(target_row, [])
+    q = LogitsPipeline(draft_sampling(cfg), vocab).row(draft_row, [])
+    assert not p.sparse and q.sparse and q.ids.size == DRAFT_TOP_K
+    return p, q, vocab
+
+
+def test_dense_target_sparse_draft_commits_the_target_distribution(dense_pair):
+    p, q, vocab = dense_pair
+    counts = _first_token_counts(p, q, verify.verify_dists, 60_000, vocab)
+    exact = p.dense(vocab)
+    assert 0.05 < 1 - p.min_mass(q) < 0.95  # the residual carries real mass, much of it outside q's support
+    assert chi_square_p(counts, exact) > ALPHA
+
+
+def test_dense_negative_control_is_caught(dense_pair):
+    p, q, vocab = dense_pair
+    counts = _first_token_counts(p, q, exactness.wrong_verify, 60_000, vocab)
+    assert chi_square_p(counts, p.dense(vocab)) < ALPHA
+
+
+def test_lazy_verification_computes_rows_only_up_to_the_rejection():
+    asked = []
+    p_rows = [Dist.one_hot(1), Dist.one_hot(2), Dist.one_hot(3), Dist.one_hot(4)]
+
+    def target(i):
+        asked.append(i)
+        return p_rows[i]
+    v = verify.verify_dists([1, 9, 3], [Dist.one_hot(1), Dist.one_hot(9), Dist.one_hot(3)], target,
+                            np.random.default_rng(0))
+    assert (v.accepted, v.next_token) == (1, 2) and asked == [0, 1]

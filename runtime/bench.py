@@ -40,6 +40,9 @@ class _Acc:
     proposed_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
     latencies: list = field(default_factory=list)
+    first_token: list = field(default_factory=list)
+    min_mass: list = field(default_factory=list)
+    verified: list = field(default_factory=list)
     per_prompt: list = field(default_factory=list)
 
     def add(self, s: Stats, prompt_id: str) -> None:
@@ -58,6 +61,13 @@ class _Acc:
             self.accepted_at[i] += a
         for t, n in zip(s.round_times_s, s.round_tokens):
             self.latencies.extend([t / n] * n)
+        self.first_token.append(s.first_token_s)
+        for i, (m, v) in enumerate(zip(s.min_mass_at, s.verified_at)):
+            while len(self.min_mass) <= i:
+                self.min_mass.append(0.0)
+                self.verified.append(0)
+            self.min_mass[i] += m
+            self.verified[i] += v
         self.per_prompt.append({"prompt": prompt_id, "tokens": s.new_tokens, "tokens_per_s": s.tokens_per_s,
                                 "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round})
 
@@ -145,7 +155,9 @@ def _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat
 
     def latency(a: _Acc) -> dict:
         lat = np.asarray(a.latencies) * 1000 if a.latencies else np.zeros(1)
-        return {f"p{q}_ms": float(np.percentile(lat, q)) for q in (50, 95, 99)}
+        out = {f"p{q}_ms": float(np.percentile(lat, q)) for q in (50, 95, 99)}
+        out["first_token_p50_ms"] = 1000 * float(np.median(a.first_token)) if a.first_token else 0.0
+        return out
 
     rows = []
     for g in gammas:
@@ -158,7 +170,9 @@ def _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat
         speedup = statistics.median(ratios[str(g)]) if ratios[str(g)] else 0.0
         rows.append({"drafter": drafter, "num_draft_tokens": g, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0,
                      "speedup": speedup, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
-                     "per_position_acceptance": alphas, "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
+                     "per_position_acceptance": alphas,
+                     "per_position_min_mass": [m / v if v else 0.0 for m, v in zip(a.min_mass, a.verified)],
+                     "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
                      "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal else 0.0,
                      "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt})
     def baseline(a: _Acc, kind: str) -> dict:
@@ -194,7 +208,9 @@ def format_table(report: dict) -> str:
                      f"{r['latency']['p50_ms']:>7.1f}{r['latency']['p95_ms']:>7.1f}{r['latency']['p99_ms']:>7.1f}")
     for r in report["settings"]:
         acc = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
-        lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}")
+        mass = " ".join(f"{a:.2f}" for a in r.get("per_position_min_mass") or [])
+        lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}"
+                     + (f"   (sum min(p, q): {mass})" if mass else ""))
     lines.append(f"  speedups are against the faster target-only decoding: {ref['kind']} ("
                  "bitwise: every step a pass of two positions, output identical to speculative output; "
                  "1-pos: one-position steps, which round differently on quantized targets)")

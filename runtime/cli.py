@@ -261,13 +261,17 @@ def cmd_generate(args) -> int:
         res = gen.generate(args.prompt, ids, **kwargs)
         print(json.dumps(res.to_dict(), indent=2))
         return 0
+    if sys.stderr.isatty():  # a long prompt is fed in passes: show how far the prefill is
+        gen.target.progress = lambda done, total: print(f"\r[prefill] {done}/{total} tokens", end="" if done < total
+                                                        else "\n", file=sys.stderr, flush=True)
     events = gen.stream(args.prompt, ids, **kwargs)
     for ev in events:
         sys.stdout.write(ev.text if gen.codec else " ".join(map(str, ev.token_ids)) + " ")
         sys.stdout.flush()
     sys.stdout.write("\n")
     stats, reason = events.result
-    print(f"{stats.new_tokens} tokens in {stats.total_time_s:.2f} s: {stats.tokens_per_s:.1f} tok/s, "
+    print(f"{stats.new_tokens} tokens in {stats.total_time_s:.2f} s (first after {stats.first_token_s:.2f} s): "
+          f"{stats.tokens_per_s:.1f} tok/s, "
           f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round, "
           f"stopped on {reason}" + (" (draft disabled)" if stats.draft_disabled else ""), file=sys.stderr)
     return 0

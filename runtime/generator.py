@@ -46,6 +46,7 @@ class Stats:
     draft_time_s: float = 0.0
     overhead_time_s: float = 0.0
     total_time_s: float = 0.0
+    first_token_s: float = 0.0    # time to the first committed token (prefill included)
     draft_disabled: bool = False
 
     @property
@@ -104,6 +105,7 @@ class Stats:
             "tokens_per_round": self.tokens_per_round, "tokens_per_s": self.tokens_per_s,
             "target_time_s": self.target_time_s, "draft_time_s": self.draft_time_s,
             "overhead_time_s": self.overhead_time_s, "total_time_s": self.total_time_s,
+            "first_token_s": self.first_token_s,
             "draft_disabled": self.draft_disabled,
         }
 
@@ -296,7 +298,7 @@ class SpeculativeGenerator:
         decoder = StreamDecoder(self.codec)
         target, sampling = self.target, req.sampling.do_sample
         committed = list(req.prompt_ids)
-        start = len(committed)
+        start, started = len(committed), time.perf_counter()
         # Bitwise: no target pass of a size whose rows round differently (DESIGN §3, pass-size invariance).
         target.bitwise = req.speculation.bitwise
         # Reuse whatever cached prefix still matches (the last token is always re-fed; bitwise, only
@@ -330,6 +332,8 @@ class SpeculativeGenerator:
             target.rollback(min(target.length, len(committed) - 1))
             self._sync_drafter(committed)
             stats.record(len(draft.tokens), verdict.accepted, len(new), time.perf_counter() - t0)
+            if stats.rounds == 1:
+                stats.first_token_s = time.perf_counter() - started
             controller.update(len(draft.tokens), verdict.accepted)
             if req.strict:
                 self._check(before, new, raw, req.speculation.bitwise)

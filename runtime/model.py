@@ -157,6 +157,7 @@ class CausalLM:
         # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
         # shares its pass. The generator sets it per request.
         self.bitwise = False
+        self.progress = None  # called as progress(done, total) after each pass of a feed longer than one pass
         self.run_time_s = 0.0
         self.reset()
 
@@ -272,6 +273,8 @@ class CausalLM:
             logits = self._pass(feed[a:b], first + a, min(b - a, kept))
             if want:
                 out.append(logits[-want:])
+            if self.progress is not None and len(bounds) > 2:
+                self.progress(b, n)
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def _pass(self, ids: list[int], start: int, keep: int) -> np.ndarray:

@@ -67,7 +67,11 @@ def test_long_feeds_in_chunks_give_the_same_bits(kinds):
     whole = lm.prefill(ids)
     lm.CHUNK = 32  # passes of 32, 32, 32, 31 (not 32 + 1: the short tail borrows one), 23
     assert pass_bounds(len(ids), 32, lm.ROW_TILE) == [0, 32, 64, 96, 128, 150]
+    seen = []
+    lm.progress = lambda done, total: seen.append((done, total))
     assert np.array_equal(lm.prefill(ids), whole)
+    assert seen == [(32, 150), (64, 150), (96, 150), (128, 150), (150, 150)]
+    lm.progress = None
     assert np.array_equal(lm.prefill(ids[:129], keep=3), whole[126:129])
     assert pass_bounds(129, 32, 32) == [0, 32, 64, 96, 127, 129] and pass_bounds(129, 32) == [0, 32, 64, 96, 128, 129]
 

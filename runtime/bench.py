@@ -37,7 +37,7 @@ class _Acc:
     rounds: int = 0
     target_s: float = 0.0
     draft_s: float = 0.0
-    proposed_at: list = field(default_factory=list)
+    reached_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
     latencies: list = field(default_factory=list)
     first_token: list = field(default_factory=list)
@@ -53,11 +53,11 @@ class _Acc:
         self.rounds += s.rounds
         self.target_s += s.target_time_s
         self.draft_s += s.draft_time_s
-        for i, (p, a) in enumerate(zip(s.proposed_at, s.accepted_at)):
-            while len(self.proposed_at) <= i:
-                self.proposed_at.append(0)
+        for i, (r, a) in enumerate(zip(s.reached_at, s.accepted_at)):
+            while len(self.reached_at) <= i:
+                self.reached_at.append(0)
                 self.accepted_at.append(0)
-            self.proposed_at[i] += p
+            self.reached_at[i] += r
             self.accepted_at[i] += a
         for t, n in zip(s.round_times_s, s.round_tokens):
             self.latencies.extend([t / n] * n)
@@ -72,7 +72,8 @@ class _Acc:
                                 "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round})
 
     def alphas(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+        """Conditional per-position acceptance: P(draft i accepted | drafts before it were)."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached_at)]
 
 
 def load_prompts(path: Path) -> list[dict]:

@@ -15,12 +15,13 @@ from .config import SamplingConfig, SpeculationConfig, draft_sampling
 from .controller import make_controller
 from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
-from .logits import LogitsPipeline, Scratch
+from .logits import Dist, LogitsPipeline, Scratch
 from .model import CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, verify_dists
 
 DRAFTERS = ("model", "prompt_lookup", "none")
+_GUESS = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
 
 
 class InvariantError(OrtspecError):
@@ -36,6 +37,7 @@ class Stats:
     accepted: int = 0
     new_tokens: int = 0
     proposed_at: list = field(default_factory=list)   # per draft position: rounds that proposed it
+    reached_at: list = field(default_factory=list)    # per draft position: rounds that verified it (all before passed)
     accepted_at: list = field(default_factory=list)   # per draft position: rounds that accepted it
     min_mass_at: list = field(default_factory=list)   # per draft position (sampling): sum of sum_x min(p, q)
     verified_at: list = field(default_factory=list)   # per draft position (sampling): positions verified
@@ -56,8 +58,8 @@ class Stats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """P(draft i accepted | draft i proposed), i = 1..gamma."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+        """P(draft i accepted | drafts 1..i-1 were), i = 1..gamma: the alphas of the cost model."""
+        return [a / r if r else 0.0 for a, r in zip(self.accepted_at, self.reached_at)]
 
     @property
     def per_position_min_mass(self) -> list[float]:
@@ -79,11 +81,12 @@ class Stats:
         self.new_tokens += committed
         while len(self.proposed_at) < gamma:
             self.proposed_at.append(0)
+            self.reached_at.append(0)
             self.accepted_at.append(0)
         for i in range(gamma):
             self.proposed_at[i] += 1
-            if i < verdict_accepted:
-                self.accepted_at[i] += 1
+            self.reached_at[i] += i <= verdict_accepted
+            self.accepted_at[i] += i < verdict_accepted
         self.round_times_s.append(seconds)
         self.round_tokens.append(committed)
         self.round_gammas.append(gamma)
@@ -318,11 +321,16 @@ class SpeculativeGenerator:
             gamma = min(controller.choose(), remaining - 1, target.capacity - len(committed))
             # 2. Draft gamma tokens with their sampling distributions q.
             draft = self._draft(committed, gamma, draft_pipe, sampling, rng, stats)
+            free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
+            if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess
+                guess = _GUESS.lookup(committed, 1)
+                draft = Draft(guess, [Dist.one_hot(t) for t in guess] if sampling else None)
+            counted = 0 if free else len(draft.tokens)  # free guesses stay out of the drafter's statistics
             # 3. One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma+1 rows.
             rows = target.forward(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
             raw = rows.copy() if req.strict else None  # verification may rewrite rows in place
             # 4. Verify left to right; the next token is a correction or the bonus.
-            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats)
+            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats if counted else None)
             # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.
             new = draft.tokens[:verdict.accepted] + [verdict.next_token]
             new, reason = _cut(new, req.eos, remaining)
@@ -331,13 +339,13 @@ class SpeculativeGenerator:
             # 6. Roll both caches back to the committed boundary (rejected K/V are never read).
             target.rollback(min(target.length, len(committed) - 1))
             self._sync_drafter(committed)
-            stats.record(len(draft.tokens), verdict.accepted, len(new), time.perf_counter() - t0)
+            stats.record(counted, verdict.accepted if counted else 0, len(new), time.perf_counter() - t0)
             if stats.rounds == 1:
                 stats.first_token_s = time.perf_counter() - started
-            controller.update(len(draft.tokens), verdict.accepted)
+            controller.update(counted, verdict.accepted if counted else 0)
             if req.strict:
                 self._check(before, new, raw, req.speculation.bitwise)
-            yield from _events(decoder, new, verdict, len(draft.tokens))
+            yield from _events(decoder, new, verdict if counted else Verdict(0, verdict.next_token, False), counted)
             if reason:
                 outcome.append(reason)
                 tail = decoder.flush()
@@ -360,13 +368,14 @@ class SpeculativeGenerator:
             stats.draft_disabled = True
             return Draft.empty()
 
-    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, stats: Stats) -> Verdict:
+    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, stats: Stats | None) -> Verdict:
         if sampling:
-            masses: list[float] = []
+            masses: list[float] | None = [] if stats is not None and draft.tokens else None
             verdict = self._sampled_verify(draft.tokens, draft.dists or [],
                                            lambda i: pipe.row(rows[i], committed, draft.tokens[:i], inplace=True), rng,
-                                           masses if draft.tokens else None)
-            stats.record_min_mass(masses)
+                                           masses)
+            if masses:
+                stats.record_min_mass(masses)
             return verdict
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 

@@ -129,3 +129,14 @@ def test_auto_does_not_extrapolate_unmeasured_positions_upward():
         ctl.update(2, 1)  # first position always accepted, second always rejected
     assert ctl.alphas[0] > 0.95 and ctl.alphas[1] < 0.05
     assert all(ctl.alphas[j] <= 0.9 * ctl.alphas[j - 1] + 1e-12 for j in range(2, 8))
+
+
+def test_per_position_acceptance_is_conditional_on_reaching_the_position():
+    """The cost model's alphas: P(draft i accepted | drafts before it were), not P(first i accepted)."""
+    from ortspec.generator import Stats
+    s = Stats()
+    s.record(4, 1, 2, 0.1)   # d1 accepted, d2 rejected: d3, d4 never verified
+    s.record(4, 4, 5, 0.1)   # all accepted
+    assert s.reached_at == [2, 2, 1, 1] and s.accepted_at == [2, 1, 1, 1]
+    assert s.per_position_acceptance == [1.0, 0.5, 1.0, 1.0]
+    assert s.tokens_per_round == 3.5

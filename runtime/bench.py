@@ -53,21 +53,14 @@ class _Acc:
         self.rounds += s.rounds
         self.target_s += s.target_time_s
         self.draft_s += s.draft_time_s
-        for i, (r, a) in enumerate(zip(s.reached_at, s.accepted_at)):
-            while len(self.reached_at) <= i:
-                self.reached_at.append(0)
-                self.accepted_at.append(0)
-            self.reached_at[i] += r
-            self.accepted_at[i] += a
+        for totals, values in ((self.reached_at, s.reached_at), (self.accepted_at, s.accepted_at),
+                               (self.min_mass, s.min_mass_at), (self.verified, s.verified_at)):
+            totals.extend([0] * (len(values) - len(totals)))  # per draft position, growing as needed
+            for i, v in enumerate(values):
+                totals[i] += v
         for t, n in zip(s.round_times_s, s.round_tokens):
             self.latencies.extend([t / n] * n)
         self.first_token.append(s.first_token_s)
-        for i, (m, v) in enumerate(zip(s.min_mass_at, s.verified_at)):
-            while len(self.min_mass) <= i:
-                self.min_mass.append(0.0)
-                self.verified.append(0)
-            self.min_mass[i] += m
-            self.verified[i] += v
         self.per_prompt.append({"prompt": prompt_id, "tokens": s.new_tokens, "tokens_per_s": s.tokens_per_s,
                                 "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round})
 

@@ -70,7 +70,7 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
     gens = {d: first if d == drafters[0] else first.sibling(d) for d in drafters}
     pipe = LogitsPipeline(SamplingConfig(repetition_penalty=repetition_penalty), base.vocab_size)
     report = GreedyReport(prompts=len(prompts), near_ties_allowed=allow_near_ties)
-    kw = dict(max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty)
+    kw = dict(max_new_tokens=max_new_tokens, repetition_penalty=repetition_penalty, do_sample=False)
     base_bitwise = bitwise if baseline_bitwise is None else baseline_bitwise
     for i, ids in enumerate(prompts):
         want = base.generate(input_ids=ids, bitwise=base_bitwise, **kw).token_ids

@@ -379,3 +379,17 @@ def test_device_trim_path_gives_the_same_output(pair_bundle, baselines):
     sampled = dict(input_ids=PROMPTS[0], max_new_tokens=40, do_sample=True, seed=9, num_draft_tokens=4)
     host = SpeculativeGenerator.load(pair_bundle)
     assert gen.generate(**sampled, strict=True).token_ids == host.generate(**sampled).token_ids
+
+
+def test_greedy_check_stays_greedy_when_the_bundle_samples_by_default(tmp_path, llama_bundle):
+    """verify's greedy check must not inherit a bundle's do_sample=True (it would compare random samples)."""
+    import json
+    import shutil
+    from ortspec.exactness import greedy_check
+    b = tmp_path / "b"
+    shutil.copytree(llama_bundle, b)
+    config = json.loads((b / "generation_config.json").read_text())
+    (b / "generation_config.json").write_text(json.dumps(dict(config, do_sample=True, temperature=1.5)))
+    report = greedy_check(str(b), PROMPTS, gammas=[2, "auto"], drafters=("model", "prompt_lookup"),
+                          max_new_tokens=30)
+    assert report.runs == 12 and report.mismatches == 0, report.to_dict()

@@ -43,8 +43,8 @@ def main() -> None:
     for bitwise in (False, True):
         r = greedy_check(args.bundle, prompts, [1, 2, 4, "auto"], drafters=drafters,
                          max_new_tokens=args.max_new_tokens, bitwise=bitwise, thread_pool="shared")
-        twice = sum(gen.generate(input_ids=p, max_new_tokens=args.max_new_tokens, bitwise=bitwise).token_ids
-                    != gen.generate(input_ids=p, max_new_tokens=args.max_new_tokens, bitwise=bitwise).token_ids
+        twice = sum(gen.generate(input_ids=p, max_new_tokens=args.max_new_tokens, bitwise=bitwise, do_sample=False).token_ids
+                    != gen.generate(input_ids=p, max_new_tokens=args.max_new_tokens, bitwise=bitwise, do_sample=False).token_ids
                     for p in prompts)
         out["bitwise" if bitwise else "one_position"] = {"runs": r.runs, "differing_runs": r.mismatches,
                                                          "same_call_twice_differs": twice}

@@ -126,7 +126,7 @@ def main() -> int:
 
     def ours(gen, **kw):
         return lambda ids, p: (lambda r: (list(r.token_ids), r.stats.total_time_s))(
-            gen.generate(input_ids=ids, max_new_tokens=new, **kw))
+            gen.generate(input_ids=ids, max_new_tokens=new, do_sample=False, **kw))  # greedy, as the peers run
     runners = {"ortspec target-only": ours(base)}
     if b.draft is not None:
         runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)

@@ -55,10 +55,6 @@ class Dist:
     def sparse(self) -> bool:
         return self.ids is not None
 
-    @property
-    def support_size(self) -> int:
-        return int(self.ids.size) if self.sparse else int(np.count_nonzero(self.weights))
-
     def prob(self, token: int) -> float:
         if self.sparse:
             i = int(np.searchsorted(self.ids, token))
@@ -305,7 +301,7 @@ class LogitsPipeline:
         nonzero = probs > 0
         return Dist(ids[nonzero], probs[nonzero])
 
-    def _nucleus(self, weights: np.ndarray, total: float, target: float | None = None) -> Dist:
+    def _nucleus(self, weights: np.ndarray, total: float) -> Dist:
         """Top-p over dense weights: first among the largest blocks; a large nucleus by a threshold search."""
         target = self.config.top_p * total
         cols = weights.size // BLOCK_ROWS
@@ -361,13 +357,6 @@ def _total(weights: np.ndarray) -> float:
     body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
     block = np.ones(BLOCK_ROWS, dtype=np.float32) @ body
     return float(block.sum(dtype=np.float64) + weights[cols * BLOCK_ROWS:].sum(dtype=np.float64))
-
-
-def softmax(scores: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64; -inf entries get probability exactly 0."""
-    shifted = scores - scores.max(axis=1, keepdims=True)
-    e = np.exp(shifted)
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:

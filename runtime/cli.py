@@ -330,12 +330,11 @@ def _default_prompts() -> Path:
 def cmd_verify(args) -> int:
     from .bench import load_prompts
     from .bundle import load_bundle
-    from .config import SamplingConfig
+    from .config import SamplingConfig, resolve_sampling
     from .exactness import format_verify, run_verify
-    defaults = load_bundle(args.bundle).sampling_defaults
-    fallback = dict(temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0)
-    sampling = {k: getattr(args, k) if getattr(args, k) is not None else defaults.get(k, v)
-                for k, v in fallback.items()}
+    names = ("temperature", "top_k", "top_p", "repetition_penalty")
+    resolved = resolve_sampling(load_bundle(args.bundle).sampling_defaults, **{k: getattr(args, k) for k in names})
+    sampling = {k: resolved[k] for k in names}
     SamplingConfig(do_sample=True, **sampling)  # refuse bad settings before any work
     gammas = [int(g) for g in args.num_draft_tokens.split(",") if g.strip()]
     if not gammas or min(gammas) < 1:

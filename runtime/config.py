@@ -42,6 +42,15 @@ class SamplingConfig:
         object.__setattr__(self, "bad_words_ids", words)
 
 
+# ortspec's sampling settings where neither a call nor the bundle's generation config gives one
+SAMPLING_FALLBACK = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+
+
+def resolve_sampling(defaults: dict, **given) -> dict:
+    """Each setting given (not None) wins, then the bundle's ``defaults``, then SAMPLING_FALLBACK."""
+    return {k: given[k] if given.get(k) is not None else defaults.get(k, v) for k, v in SAMPLING_FALLBACK.items()}
+
+
 DRAFT_TOP_K = 64  # the draft samples from at most this many tokens
 DRAFT_SAMPLING = ("match", "temperature")
 

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from .bundle import Bundle, load_bundle
-from .config import SamplingConfig, SpeculationConfig, draft_sampling
+from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
 from .controller import make_controller
 from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
@@ -287,9 +287,7 @@ class SpeculativeGenerator:
     def sampling_settings(self, **given) -> dict:
         """Sampling settings for a call: each one given (not None) wins, then the bundle's generation
         config, then ortspec's defaults (greedy; temperature 1, top-k and top-p off, no penalty)."""
-        fallback = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
-        defaults = self.bundle.sampling_defaults
-        return {k: given[k] if given.get(k) is not None else defaults.get(k, v) for k, v in fallback.items()}
+        return resolve_sampling(self.bundle.sampling_defaults, **given)
 
     # -- the decode loop ------------------------------------------------------
     def _rounds(self, req: _Request, stats: Stats, outcome: list) -> Iterator[Event]:

@@ -1,4 +1,4 @@
-"""The `ortspec` command line: export, generate, inspect, bench, verify.
+"""The `ortspec` command line: export, generate, serve, inspect, bench, verify.
 
 Thin front end over the public Python API. Errors print one line without a
 traceback (exit 2 for bad arguments, 1 for everything else); --debug shows it.
@@ -23,6 +23,19 @@ EPILOG_GENERATE = """examples:
   ortspec generate models/smollm2-135m --prompt "Write a haiku about caches" --chat
   ortspec generate models/smollm2-135m --prompt "def fib(n):" --drafter prompt-lookup --json
   ortspec generate models/smollm2-135m --prompt "Once" --sample --temperature 0.8 --top-p 0.9 --seed 1
+"""
+EPILOG_SERVE = """examples:
+  ortspec serve models/smollm2-135m                      # http://127.0.0.1:8000/v1, model id "smollm2-135m"
+  ortspec serve models/qwen2.5-coder-int4 --port 8080 --num-draft-tokens auto
+  ORTSPEC_API_KEY=secret ortspec serve models/smollm2-135m --host 0.0.0.0
+
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
+
+requests: OpenAI's fields (messages/prompt, max_tokens, temperature (0 = greedy), top_p, seed, stop, stream,
+stream_options.include_usage; n = 1) plus top_k, repetition_penalty, num_draft_tokens, drafter and
+ignore_eos; fields left out take the bundle's generation config. Each response carries an "ortspec" field
+with the request's speculative statistics (acceptance, tokens per round, mean draft length).
 """
 
 
@@ -114,6 +127,29 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_flags(p)
     _runtime_flags(p)
 
+    p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the serve extra)",
+                       description="A local OpenAI-compatible server: POST /v1/chat/completions and "
+                                   "/v1/completions (streaming or not), GET /v1/models and /health. Requests run "
+                                   "one at a time on one generator, in arrival order.",
+                       epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle", help="bundle directory made by `ortspec export`")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it, so set --api-key)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--model-name", default=None, help="model id clients send and /v1/models lists (default: "
+                                                      "the bundle directory's name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests "
+                                                   "(default: $ORTSPEC_API_KEY if set, else no key)")
+    p.add_argument("--max-queue", type=int, default=32,
+                   help="requests allowed to wait behind the running one; more get HTTP 429 (default 32)")
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may take, waiting included; then it stops with HTTP 504 (default 600)")
+    p.add_argument("--default-max-tokens", type=int, default=1024,
+                   help="new tokens for a request that gives no max_tokens (capped by the context; default 1024)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                   help="largest request body accepted; larger ones get HTTP 413 (default 4 MiB)")
+    _runtime_flags(p)
+
     p = sub.add_parser("bench", help="measure speedup over target-only decoding, interleaved on the same prompts",
                        description="Runs target-only decoding and every draft length on each prompt in one "
                                    "process (rotating order), and reports tokens/s, speedup (median of per-prompt "
@@ -175,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = {"export": cmd_export, "generate": cmd_generate, "inspect": cmd_inspect, "bench": cmd_bench,
-               "verify": cmd_verify}[args.command]
+               "verify": cmd_verify, "serve": cmd_serve}[args.command]
     try:
         return handler(args) or 0
     except KeyboardInterrupt:
@@ -274,6 +310,27 @@ def cmd_generate(args) -> int:
           f"{stats.tokens_per_s:.1f} tok/s, "
           f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round, "
           f"stopped on {reason}" + (" (draft disabled)" if stats.draft_disabled else ""), file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import logging
+    import os
+    from .serve import serve
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("ORTSPEC_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"ortspec serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
+              "machine can use the model", file=sys.stderr)
+
+    def ready(url: str) -> None:
+        print(f"ortspec serve: {args.bundle} on {url}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+
+    serve(args.bundle, host=args.host, port=args.port, drafter=args.drafter,
+          num_draft_tokens=_gamma(args.num_draft_tokens), provider=args.provider, threads=args.threads,
+          max_queue=args.max_queue, request_timeout=args.request_timeout, api_key=api_key,
+          model_id=args.model_name, max_body=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
+          ready=ready)
     return 0
 
 

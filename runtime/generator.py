@@ -260,8 +260,13 @@ class SpeculativeGenerator:
                bad_words_ids: Sequence[Sequence[int]] = (), seed: int | None = None,
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
-               bitwise: bool = True) -> "_Stream":
+               messages: Sequence[dict] | None = None, bitwise: bool = True) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
+
+        The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
+        ``messages`` (a conversation [{"role": "system"|"user"|"assistant", "content": ...}, ...] through the
+        chat template) or ``input_ids``. A conversation that continues an earlier call's (its messages plus the
+        assistant's reply, then the next user turn) reuses that call's cached prefix: only new tokens are fed.
 
         Sampling settings left out (None) come from the bundle's generation_config.json, as in transformers'
         ``generate`` (see ``sampling_defaults``); without one, decoding is greedy and the warpers are off.
@@ -274,7 +279,7 @@ class SpeculativeGenerator:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-        ids = self._prompt_ids(prompt, input_ids, chat, system)
+        ids = self._prompt_ids(prompt, input_ids, chat, system, messages)
         need = len(ids) + max_new_tokens - 1
         if need > self.target.capacity:
             raise CacheOverflowError(
@@ -408,10 +413,16 @@ class SpeculativeGenerator:
                                     if bitwise else ""))
 
     # -- helpers --------------------------------------------------------------
-    def _prompt_ids(self, prompt, input_ids, chat, system) -> list[int]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("pass exactly one of prompt (text) or input_ids (token ids)")
-        if prompt is not None:
+    def _prompt_ids(self, prompt, input_ids, chat, system, messages=None) -> list[int]:
+        if sum(x is not None for x in (prompt, input_ids, messages)) != 1:
+            raise ValueError("pass exactly one of prompt (text), messages (a conversation) or input_ids (token ids)")
+        if messages is not None:
+            if system is not None:
+                raise ValueError("with messages, put the system message first in messages instead of system=")
+            if self.codec is None:
+                raise ValueError("this bundle has no tokenizer; pass input_ids instead of messages")
+            ids = self.codec.encode_messages(messages)
+        elif prompt is not None:
             if not isinstance(prompt, str) or not prompt:
                 raise ValueError("prompt must be a non-empty string")
             if self.codec is None:
@@ -447,6 +458,11 @@ class _Stream:
         self._gen, self._req = gen, req
         self._it = self._run()
         self.result: tuple[Stats, str] | None = None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids (after the chat template), as fed to the target."""
+        return list(self._req.prompt_ids)
 
     def __iter__(self):
         return self

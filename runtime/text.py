@@ -1,8 +1,8 @@
 """Tokenizer and chat template, from the bundle's files (tokenizers + jinja2)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .errors import BundleError
 
@@ -21,16 +21,27 @@ class TextCodec:
 
     def encode(self, text: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
-            return self.tokenizer.encode(self.render_chat(text, system), add_special_tokens=False).ids
+            return self.encode_messages(([{"role": "system", "content": system}] if system else [])
+                                        + [{"role": "user", "content": text}])
         return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+    def encode_messages(self, messages: Sequence[dict]) -> list[int]:
+        """Token ids of a conversation rendered by the chat template, ready for the assistant's turn."""
+        return self.tokenizer.encode(self.render_messages(messages), add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def render_chat(self, prompt: str, system: str | None = None) -> str:
+        """One user turn (after an optional system message) through the chat template."""
+        return self.render_messages(([{"role": "system", "content": system}] if system else [])
+                                    + [{"role": "user", "content": prompt}])
+
+    def render_messages(self, messages: Sequence[dict]) -> str:
         """Apply the chat template with add_generation_prompt, as transformers does."""
         if not self.chat_template:
-            raise ValueError("this bundle's tokenizer has no chat template; drop chat=True / --chat")
+            raise ValueError("this bundle's tokenizer has no chat template; pass a plain prompt instead "
+                             "(drop chat=True / --chat / messages)")
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -41,14 +52,45 @@ class TextCodec:
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = raise_exception
         env.filters["tojson"] = _tojson
-        messages = ([{"role": "system", "content": system}] if system else []) + \
-                   [{"role": "user", "content": prompt}]
         special = {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         try:
             return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=True, **special)
+                messages=check_messages(messages), add_generation_prompt=True, **special)
         except jinja2.TemplateError as exc:
             raise ValueError(f"the bundle's chat template failed to render: {exc}") from None
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def check_messages(messages) -> list[dict]:
+    """A conversation as the chat template expects it: [{"role": system|user|assistant, "content": str}, ...].
+
+    Content may also be a list of text parts ([{"type": "text", "text": ...}]), which are joined; a
+    "developer" message is a system message. Anything else is refused with a message naming the entry.
+    """
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be an object with role and content, got {type(m).__name__}")
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": "
+                                     "...}) are supported")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        out.append({"role": role, "content": content})
+    return out
 
 
 class StreamDecoder:

@@ -186,10 +186,12 @@ def test_stream_events_rebuild_the_result(llama_bundle):
 
 def test_chat_template_is_applied(llama_bundle):
     gen = SpeculativeGenerator.load(llama_bundle)
-    assert gen.codec.render_chat("w9") == "<s> w9 </s> w3 "
+    assert gen.codec.render_chat("w9") == "<s> w1 w9 </s> <s> w2 "
     a = gen.generate(prompt="w9", chat=True, max_new_tokens=5).token_ids
-    b = gen.generate(input_ids=gen.codec.encode("<s> w9 </s> w3"), max_new_tokens=5).token_ids
+    b = gen.generate(input_ids=gen.codec.encode("<s> w1 w9 </s> <s> w2"), max_new_tokens=5).token_ids
     assert a == b
+    c = gen.generate(messages=[{"role": "user", "content": "w9"}], max_new_tokens=5).token_ids
+    assert a == c
 
 
 def test_ids_only_bundle_generates_from_input_ids(ids_bundle):

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
-                 "{% if add_generation_prompt %}w3 {% endif %}")
+# roles as words (system w0, user w1, assistant w2); like real templates, the generation prompt opens an
+# assistant message, so a conversation's next turn starts with the previous turn's tokens
+CHAT_TEMPLATE = ("{% for m in messages %}<s> {{ {'system': 'w0', 'user': 'w1', 'assistant': 'w2'}[m['role']] }} "
+                 "{{ m['content'] }} </s> {% endfor %}{% if add_generation_prompt %}<s> w2 {% endif %}")
 
 
 def save_tokenizer(vocab: int, out: Path, shift: int = 0) -> None:
@@ -23,8 +25,8 @@ def save_tokenizer(vocab: int, out: Path, shift: int = 0) -> None:
 
 def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: int = 2,
                tokenizer: bool = True, tokenizer_shift: int = 0, scale: float = 1.0,
-               perturb: float = 0.0, perturb_seed: int = 99) -> Path:
-    """A random model; ``perturb`` > 0 adds noise (relative to each tensor's spread) with its own seed,
+               perturb: float = 0.0, perturb_seed: int = 99, positions: int = 256, hidden: int = 64) -> Path:
+    """A random model (``positions`` of context, llama/qwen2 of width ``hidden``); ``perturb`` > 0 adds noise (relative to each tensor's spread) with its own seed,
     giving a draft that resembles, but differs from, the same-seed target."""
     import torch
     from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
@@ -33,13 +35,13 @@ def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: 
     torch.manual_seed(seed)
     if family == "llama":
         model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3 // 2, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
     elif family == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(
-            vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3 // 2, num_hidden_layers=layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
     elif family == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4,

@@ -1,0 +1,681 @@
+"""`ortspec serve`: an OpenAI-compatible HTTP server over one SpeculativeGenerator.
+
+A layer above the public Python API (``stream``): requests are checked on the
+event loop, then run one at a time, first come first served, on one worker
+thread that owns the generator. Needs the ``serve`` extra (starlette, uvicorn).
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+GET /v1/models/{id}, GET /health. Errors are OpenAI-style JSON bodies.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+import hmac
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+
+from .config import SpeculationConfig
+from .errors import CacheOverflowError, OrtspecError
+from .generator import SpeculativeGenerator
+
+log = logging.getLogger("ortspec.serve")
+
+MAX_STOP = 4                 # stop strings per request, as OpenAI allows
+DEFAULT_MAX_BODY = 4 << 20   # bytes
+DRAFTER_NAMES = {"model": "model", "prompt_lookup": "prompt_lookup", "prompt-lookup": "prompt_lookup",
+                 "none": "none"}
+# Fields a client may send that change output in ways ortspec does not implement: refused, not ignored.
+UNSUPPORTED = {
+    "tools": "tool calls are not supported",
+    "tool_choice": "tool calls are not supported",
+    "functions": "function calls are not supported",
+    "function_call": "function calls are not supported",
+    "logit_bias": "logit_bias is not supported",
+    "top_logprobs": "logprobs are not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported; ortspec speculates on its own",
+}
+
+
+class ApiError(Exception):
+    """A request the server answers with an OpenAI-style error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             413: "invalid_request_error", 429: "rate_limit_error",
+                             504: "timeout_error"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# -- request parsing (pure functions: body dict -> Job, or ApiError) -------------------------------------------
+
+@dataclass
+class Job:
+    """One checked request: what to generate and how to answer."""
+
+    kind: str                       # "chat" | "completion"
+    source: dict                    # prompt=..., messages=... or input_ids=... for SpeculativeGenerator.stream
+    options: dict                   # the rest of stream()'s keyword arguments
+    drafter: str | None
+    stop: list[str]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    model: str = ""
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _number(body: dict, name: str, low: float | None = None, high: float | None = None,
+            low_open: bool = False) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ApiError(400, f"{name} must be a number, got {value!r}", name)
+    if low is not None and (value <= low if low_open else value < low):
+        raise ApiError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
+    if high is not None and value > high:
+        raise ApiError(400, f"{name} must be <= {high}, got {value}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f" and <= {high}" if high is not None else ""
+        raise ApiError(400, f"{name} must be an integer >= {low}{bound}, got {value!r}", name)
+    return value
+
+
+def _boolean(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> Job:
+    """Check a /v1/chat/completions (kind "chat") or /v1/completions ("completion") body."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_id:
+        raise ApiError(400, f"model {model!r} is not served here; this server serves {model_id!r} "
+                            "(GET /v1/models lists it)", "model", "model_not_found")
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) not in (None, [], {}):
+            raise ApiError(400, f"{name}: {why}", name, "unsupported_parameter")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if _number(body, name) not in (None, 0.0):
+            raise ApiError(400, f"{name} is not supported; use repetition_penalty (Hugging Face semantics, "
+                                "> 1 discourages repeats)", name, "unsupported_parameter")
+    if body.get("logprobs") not in (None, False, 0):
+        raise ApiError(400, "logprobs are not supported", "logprobs", "unsupported_parameter")
+    n = body.get("n", 1)
+    if n not in (None, 1) or isinstance(n, bool):
+        raise ApiError(400, f"n must be 1 (one choice per request), got {n!r}", "n")
+    best_of = body.get("best_of", 1)
+    if best_of not in (None, 1) or isinstance(best_of, bool):
+        raise ApiError(400, f"best_of must be 1, got {best_of!r}", "best_of")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise ApiError(400, "response_format: only {\"type\": \"text\"} is supported", "response_format",
+                       "unsupported_parameter")
+    if _boolean(body, "echo"):
+        raise ApiError(400, "echo is not supported", "echo", "unsupported_parameter")
+
+    if kind == "chat":
+        messages = body.get("messages")
+        if "prompt" in body:
+            raise ApiError(400, "/v1/chat/completions takes messages, not prompt (use /v1/completions)", "prompt")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
+        source = {"messages": messages}
+    else:
+        if "messages" in body:
+            raise ApiError(400, "/v1/completions takes prompt, not messages (use /v1/chat/completions)",
+                           "messages")
+        source = {"prompt": _prompt(body.get("prompt"))} if not _is_ids(body.get("prompt")) \
+            else {"input_ids": _ids(body.get("prompt"))}
+
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1)
+    temperature = _number(body, "temperature", 0.0)
+    top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
+    top_k = _integer(body, "top_k", 0)
+    penalty = _number(body, "repetition_penalty", 0.0, low_open=True)
+    seed = _integer(body, "seed", 0)
+    if temperature == 0.0:
+        do_sample, temperature = False, None
+    elif temperature is not None or top_p is not None or top_k is not None:
+        do_sample = True  # asking for a temperature or a truncation asks for sampling
+    else:
+        do_sample = None  # silent: the bundle's generation config decides
+    options = dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                   repetition_penalty=penalty, seed=seed, num_draft_tokens=_gamma(body.get("num_draft_tokens")))
+    if _boolean(body, "ignore_eos"):
+        options["eos_token_id"] = []
+    drafter = body.get("drafter")
+    if drafter is not None:
+        if DRAFTER_NAMES.get(drafter) not in drafters:
+            raise ApiError(400, f"drafter must be one of {', '.join(drafters)} on this server, got {drafter!r}",
+                           "drafter")
+        drafter = DRAFTER_NAMES[drafter]
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
+    stream = _boolean(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or not stream):
+        raise ApiError(400, "stream_options must be an object, and only with stream: true", "stream_options")
+    include_usage = bool(opts and opts.get("include_usage") is True)
+    return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id)
+
+
+def _gamma(value):
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SpeculationConfig.max_draft_tokens:
+        raise ApiError(400, f"num_draft_tokens must be an integer in [0, {SpeculationConfig.max_draft_tokens}] "
+                            f"or \"auto\", got {value!r}", "num_draft_tokens")
+    return value
+
+
+def _is_ids(prompt) -> bool:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                             for t in prompt)
+
+
+def _ids(prompt) -> list[int]:
+    return list(prompt[0] if isinstance(prompt[0], list) else prompt)
+
+
+def _prompt(prompt) -> str:
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise ApiError(400, "prompt must be one string or one list of token ids (one prompt per request)", "prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, "prompt must be a non-empty string", "prompt")
+    return prompt
+
+
+# -- stop strings ------------------------------------------------------------------------------------------------
+
+class StopText:
+    """Cuts streamed text at the first stop string, holding back a tail that could begin one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Text safe to emit now, and whether a stop string was reached (the text ends before it)."""
+        buf = self.pending + text
+        if not self.stops:
+            return buf, False
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.pending = ""
+            return buf[:min(hits)], True
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), hold, -1):
+                if buf.endswith(s[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold:]
+        return buf[:len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+# -- the one generator, one request at a time ----------------------------------------------------------------
+
+class Ticket:
+    """A running or waiting request: the worker pushes ("text", str), then ("done", outcome) or ("error", exc)."""
+
+    def __init__(self, job: Job, stream, loop: asyncio.AbstractEventLoop):
+        self.job, self.stream, self.loop = job, stream, loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.cancel = threading.Event()
+        self.admitted = time.perf_counter()
+
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+@dataclass
+class Outcome:
+    finish_reason: str      # stop | length | cancelled
+    prompt_tokens: int
+    completion_tokens: int
+    stats: dict
+    seconds: float
+
+
+class Engine:
+    """Runs tickets one after another on a single worker thread, in arrival order."""
+
+    def __init__(self, gen: SpeculativeGenerator, model_id: str, max_queue: int = 32,
+                 timeout_s: float = 600.0, default_gamma: int | str = 4, default_max_tokens: int = 1024):
+        self.gen, self.model_id, self.default_max_tokens = gen, model_id, default_max_tokens
+        self.max_queue, self.timeout_s, self.default_gamma = max_queue, timeout_s, default_gamma
+        self.drafters = (gen.drafter.name,) + tuple(d for d in ("prompt_lookup", "none") if d != gen.drafter.name)
+        self._siblings = {gen.drafter.name: gen}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortspec-generate")
+        self._count_lock = threading.Lock()
+        self.admitted = 0       # waiting + running
+        self.running = False
+        self.served = 0
+        self.cancelled = 0
+        self.last: dict | None = None
+
+    def generator(self, drafter: str | None) -> SpeculativeGenerator:
+        name = drafter or self.gen.drafter.name
+        if name not in self._siblings:
+            self._siblings[name] = self.gen.sibling(name)
+        return self._siblings[name]
+
+    def open(self, job: Job):
+        """Check a job against the model (prompt, context length) without running it: a _Stream."""
+        gen = self.generator(job.drafter)
+        opts = dict(job.options)
+        if opts["num_draft_tokens"] is None:
+            opts["num_draft_tokens"] = self.default_gamma
+        if gen.codec is None and "input_ids" not in job.source:
+            raise ApiError(400, "this model has no tokenizer: send prompt as a list of token ids to /v1/completions",
+                           "prompt")
+        capacity = gen.target.capacity
+        try:
+            probe = gen.stream(**job.source, **opts, max_new_tokens=1)
+        except CacheOverflowError:
+            raise ApiError(400, f"the prompt does not fit this model's context of {capacity} tokens", "messages"
+                           if job.kind == "chat" else "prompt", "context_length_exceeded") from None
+        except (ValueError, OrtspecError) as exc:
+            raise ApiError(400, str(exc)) from None
+        ids = probe.prompt_ids
+        room = capacity - len(ids) + 1  # the last new token is never fed
+        if job.max_tokens is not None and job.max_tokens > room:
+            raise ApiError(400, f"this model's context is {capacity} tokens; the prompt uses {len(ids)}, so "
+                                f"max_tokens can be at most {room}, got {job.max_tokens}",
+                           "max_tokens", "context_length_exceeded")
+        return gen.stream(input_ids=ids, **opts, max_new_tokens=job.max_tokens or min(room, self.default_max_tokens))
+
+    def submit(self, job: Job, stream, loop) -> Ticket:
+        with self._count_lock:
+            if self.admitted > self.max_queue:  # one running + max_queue waiting
+                raise ApiError(429, f"the server is busy: {self.max_queue} requests are already waiting "
+                                    "(--max-queue); retry later", code="queue_full")
+            self.admitted += 1
+        ticket = Ticket(job, stream, loop)
+        self._pool.submit(self._run, ticket)
+        return ticket
+
+    def _run(self, ticket: Ticket) -> None:
+        try:
+            if ticket.cancel.is_set():  # gave up (disconnect, timeout) while waiting
+                ticket.stream.close()
+                self._finish(ticket, Outcome("cancelled", len(ticket.stream.prompt_ids), 0, {}, 0.0))
+                return
+            self.running = True
+            self._generate(ticket)
+        except Exception as exc:  # reported to the client as a 500 without a traceback; logged in full
+            log.exception("generation failed")
+            ticket.put(("error", exc))
+        finally:
+            self.running = False
+            with self._count_lock:
+                self.admitted -= 1
+
+    def _generate(self, ticket: Ticket) -> None:
+        stream, stop = ticket.stream, StopText(ticket.job.stop)
+        tokens, reason, t0 = 0, None, time.perf_counter()
+        try:
+            for ev in stream:
+                tokens += len(ev.token_ids)
+                text, hit = stop.push(ev.text)
+                if text:
+                    ticket.put(("text", text))
+                if hit:
+                    reason = "stop"
+                    break
+                if ticket.cancel.is_set():
+                    reason = "cancelled"
+                    break
+        finally:
+            stream.close()  # ends the generation and releases the generator's lock
+        if reason is None:
+            tail = stop.flush()
+            if tail:
+                ticket.put(("text", tail))
+            stats, why = stream.result
+            reason = "length" if why == "length" else "stop"
+        stats = stream.result[0]
+        self._finish(ticket, Outcome(reason, len(stream.prompt_ids), tokens, _stats_field(stats, ticket),
+                                     time.perf_counter() - t0))
+
+    def _finish(self, ticket: Ticket, outcome: Outcome) -> None:
+        self.served += 1
+        self.cancelled += outcome.finish_reason == "cancelled"
+        self.last = {"id": ticket.job.id, "finish_reason": outcome.finish_reason,
+                     "prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens}
+        s = outcome.stats
+        log.info("%s %s: %d prompt + %d new tokens in %.2f s (first after %.2f s), %.1f tok/s, acceptance %s, "
+                 "%.2f tokens/round, finish %s", ticket.job.kind, ticket.job.id, outcome.prompt_tokens,
+                 outcome.completion_tokens, outcome.seconds, s.get("time_to_first_token_s", 0.0),
+                 s.get("tokens_per_s", 0.0), f"{s['acceptance_rate']:.0%}" if s.get("drafted") else "-",
+                 s.get("tokens_per_round", 0.0), outcome.finish_reason)
+        ticket.put(("done", outcome))
+
+    def health(self) -> dict:
+        return {"status": "ok", "model": self.model_id, "running": int(self.running),
+                "waiting": max(0, self.admitted - int(self.running)), "max_queue": self.max_queue,
+                "served": self.served, "cancelled": self.cancelled, "last": self.last}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _stats_field(stats, ticket: Ticket) -> dict:
+    """Speculative statistics of one request: the response's "ortspec" field."""
+    return {"drafter": ticket.stream._gen.drafter.name, "rounds": stats.rounds, "drafted": stats.drafted,
+            "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
+            "tokens_per_round": round(stats.tokens_per_round, 4),
+            "mean_draft_tokens": round(stats.drafted / stats.rounds, 4) if stats.rounds else 0.0,
+            "tokens_per_s": round(stats.tokens_per_s, 2), "time_to_first_token_s": round(stats.first_token_s, 4),
+            "draft_disabled": stats.draft_disabled}
+
+
+# -- HTTP -------------------------------------------------------------------------------------------------------
+
+def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY):
+    """The Starlette application over an Engine."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def error(exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    def check_key(request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                           code="invalid_api_key")
+
+    async def read_json(request):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > max_body:
+            raise ApiError(413, f"the request body is {int(size)} bytes; this server accepts at most {max_body} "
+                                "(--max-body-bytes)")
+        chunks, total = [], 0
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > max_body:
+                raise ApiError(413, f"the request body exceeds {max_body} bytes (--max-body-bytes)")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks) or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+
+    async def completions(request, kind: str):
+        try:
+            check_key(request)
+            job = parse_request(await read_json(request), kind, engine.model_id, engine.drafters)
+            stream = engine.open(job)
+            ticket = engine.submit(job, stream, asyncio.get_running_loop())
+        except ApiError as exc:
+            return error(exc)
+        if job.stream:
+            return StreamingResponse(_sse(ticket, engine), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return JSONResponse(await _collect(ticket, engine, request))
+        except ApiError as exc:
+            return error(exc)
+
+    async def chat(request):
+        return await completions(request, "chat")
+
+    async def completion(request):
+        return await completions(request, "completion")
+
+    def model_card() -> dict:
+        return {"id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "ortspec"}
+
+    async def models(request):
+        try:
+            check_key(request)
+        except ApiError as exc:
+            return error(exc)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request):
+        try:
+            check_key(request)
+            if request.path_params["name"] != engine.model_id:
+                raise ApiError(404, f"model {request.path_params['name']!r} is not served here; this server "
+                                    f"serves {engine.model_id!r}", "model", "model_not_found")
+        except ApiError as exc:
+            return error(exc)
+        return JSONResponse(model_card())
+
+    async def health(request):
+        return JSONResponse(engine.health())
+
+    async def http_error(request, exc: HTTPException):
+        message = {404: f"no such endpoint: {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
+        return error(ApiError(exc.status_code, message))
+
+    async def server_error(request, exc: Exception):
+        log.exception("unhandled error")
+        return error(ApiError(500, f"internal error ({type(exc).__name__}); see the server log"))
+
+    engine.created = int(time.time())
+    routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/v1/completions", completion, methods=["POST"]),
+              Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{name:path}", model, methods=["GET"]),
+              Route("/health", health, methods=["GET"])]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        engine.close()
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error},
+                     lifespan=lifespan)
+
+
+async def _next(ticket: Ticket, engine: Engine):
+    """The next item from the worker, or an ApiError once the request's time is up."""
+    left = engine.timeout_s - (time.perf_counter() - ticket.admitted)
+    try:
+        return await asyncio.wait_for(ticket.queue.get(), timeout=max(left, 0.0))
+    except asyncio.TimeoutError:
+        ticket.cancel.set()
+        raise ApiError(504, f"the request took longer than this server's {engine.timeout_s:g} s limit "
+                            "(--request-timeout)", code="timeout") from None
+
+
+async def _collect(ticket: Ticket, engine: Engine, request) -> dict:
+    parts: list[str] = []
+    watcher = asyncio.ensure_future(_watch_disconnect(request, ticket))
+    try:
+        while True:
+            kind, value = await _next(ticket, engine)
+            if kind == "text":
+                parts.append(value)
+            elif kind == "error":
+                raise ApiError(500, f"generation failed ({type(value).__name__}: {value})")
+            else:
+                return _response(ticket.job, "".join(parts), value)
+    finally:
+        watcher.cancel()
+        ticket.cancel.set()  # no-op once done; stops the generation on any early exit
+
+
+async def _watch_disconnect(request, ticket: Ticket) -> None:
+    while not ticket.cancel.is_set():
+        if await request.is_disconnected():
+            ticket.cancel.set()
+            return
+        await asyncio.sleep(0.1)
+
+
+def _finish_reason(outcome: Outcome) -> str:
+    return "length" if outcome.finish_reason == "length" else "stop"
+
+
+def _usage(outcome: Outcome) -> dict:
+    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+
+
+def _response(job: Job, text: str, outcome: Outcome) -> dict:
+    if job.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": _finish_reason(outcome)}
+        obj, prefix = "chat.completion", "chatcmpl-"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish_reason(outcome)}
+        obj, prefix = "text_completion", "cmpl-"
+    return {"id": prefix + job.id, "object": obj, "created": job.created, "model": job.model,
+            "choices": [choice], "usage": _usage(outcome), "ortspec": outcome.stats}
+
+
+def _chunk(job: Job, text: str | None, finish: str | None, first: bool = False, extra: dict | None = None) -> dict:
+    if job.kind == "chat":
+        delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj, prefix = "chat.completion.chunk", "chatcmpl-"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj, prefix = "text_completion", "cmpl-"
+    out = {"id": prefix + job.id, "object": obj, "created": job.created, "model": job.model, "choices": [choice]}
+    if extra:
+        out.update(extra)
+    return out
+
+
+def _event(data) -> bytes:
+    return b"data: " + (data if isinstance(data, bytes) else json.dumps(data, ensure_ascii=False).encode()) + b"\n\n"
+
+
+async def _sse(ticket: Ticket, engine: Engine):
+    """Server-sent events in OpenAI's chunk format, ending with [DONE]; an error ends the stream with an
+    {"error": ...} event. A client that goes away cancels the generation (the worker stops within a round)."""
+    job = ticket.job
+    try:
+        if job.kind == "chat":
+            yield _event(_chunk(job, None, None, first=True))
+        while True:
+            try:
+                kind, value = await _next(ticket, engine)
+            except ApiError as exc:
+                yield _event(exc.body())
+                break
+            if kind == "text":
+                yield _event(_chunk(job, value, None))
+            elif kind == "error":
+                yield _event(ApiError(500, f"generation failed ({type(value).__name__}: {value})").body())
+                break
+            else:
+                yield _event(_chunk(job, None if job.kind == "chat" else "", _finish_reason(value),
+                                    extra={"ortspec": value.stats}))
+                if job.include_usage:
+                    usage = _chunk(job, None, None, extra={"usage": _usage(value)})
+                    usage["choices"] = []
+                    yield _event(usage)
+                break
+        yield _event(b"[DONE]")
+    finally:
+        ticket.cancel.set()
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+
+def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str = "model",
+          num_draft_tokens: int | str = 4, provider: str = "cpu", threads: int | None = None,
+          max_queue: int = 32, request_timeout: float = 600.0, api_key: str | None = None,
+          model_id: str | None = None, max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 1024,
+          ready=None) -> None:
+    """Load a bundle and serve it until interrupted. ``ready(url)`` is called once the socket listens."""
+    try:
+        import uvicorn
+        import starlette  # noqa: F401
+    except ImportError as exc:
+        raise OrtspecError(f"serve needs the serve extra ({exc.name} is missing): pip install 'ortspec[serve]'") \
+            from None
+    import socket
+    from pathlib import Path
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
+        raise ValueError(f"--max-queue must be an integer >= 0, got {max_queue!r}")
+    if not request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0 seconds, got {request_timeout!r}")
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {port!r}")
+    if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int) or default_max_tokens < 1:
+        raise ValueError(f"--default-max-tokens must be an integer >= 1, got {default_max_tokens!r}")
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1024:
+        raise ValueError(f"--max-body-bytes must be an integer >= 1024, got {max_body!r}")
+    if api_key is not None and not api_key:
+        raise ValueError("--api-key must not be empty")
+    SpeculationConfig(num_draft_tokens)  # checked before the (slow) load
+    gen = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads,
+                                    thread_pool="shared")
+    model_id = model_id or Path(bundle).resolve().name
+    engine = Engine(gen, model_id, max_queue=max_queue, timeout_s=request_timeout, default_gamma=num_draft_tokens,
+                    default_max_tokens=default_max_tokens)
+    app = create_app(engine, api_key=api_key, max_body=max_body)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OrtspecError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from None
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{bound}"
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    if ready is not None:
+        ready(url)
+    server.run(sockets=[sock])

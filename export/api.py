@@ -35,14 +35,17 @@ def _stderr(msg: str) -> None:
 def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
-                  dtype: str = "fp32", genai_config: int | None = None, draft_vocab: int | None = None,
+                  dtype: str | None = None, genai_config: int | None = None, draft_vocab: int | None = None,
                   generation: dict | None = None, progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
     graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama/Qwen2/Mistral),
     "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
-    dtype: "fp32", or "fp16" (fused graphs only; meant for the CUDA execution provider).
+    dtype: None (default): a .gguf source exported without --*-quant keeps the file's quantized weights as they
+        are (MatMulNBits/GatherBlockQuantized holding the file's codes and scales: the GGUF model itself, no
+        second rounding); any other source, fp32. "fp32": float weights (a GGUF file dequantized);
+        "fp16": float16 (fused graphs only; meant for the CUDA execution provider).
     genai_config: also write onnxruntime-genai configs, with this speculative.max_draft_tokens (1-16).
     draft_vocab: give the draft an output layer for token ids [0, draft_vocab) and the special tokens only
         (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
@@ -59,8 +62,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     _check_args(target, draft, draft_quant, target_quant)
     if graph not in ("auto", "fused", "optimum"):
         raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
-    if dtype not in ("fp32", "fp16"):
-        raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
+    if dtype not in (None, "fp32", "fp16"):
+        raise ValueError(f"dtype must be None (as the source is), 'fp32' or 'fp16', got {dtype!r}")
     if genai_config is not None and (isinstance(genai_config, bool) or not isinstance(genai_config, int)
                                      or not 1 <= genai_config <= 16):
         raise ValueError(f"genai_config must be None or max_draft_tokens from 1 to 16, got {genai_config!r}")
@@ -178,9 +181,18 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     src = load_source(target, trust_remote_code)
     _check_disk(tmp, src.model, 2 + (draft is not None))
     kind = choose_graph(src.model, graph)
-    say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to a {kind} ONNX graph")
     target_info = _model_facts(src)
-    fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target", kind, dtype)
+    t_quant = None
+    if _keeps_blocks(src, dtype, target_quant, kind, say):
+        say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) with the GGUF file's quantized weights")
+        t_quant = _gguf_graph(src, tmp / "target", say)
+        fp32 = None
+        if draft == "self":  # the draft re-quantizes the float weights
+            fp32 = export_model(src.model, tmp / "target-fp32", kind, "fp32")
+    else:
+        say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to a {kind} ONNX graph")
+        fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target", kind,
+                            dtype or "fp32")
     tok_info = _save_tokenizer(src, tmp) if src.tokenizer is not None else None
     if tok_info is None:
         say("the target ships no tokenizer: the bundle will take token ids only")
@@ -203,8 +215,16 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
                                               f"{problem}; pick a draft from the same model family")
             draft_info = _model_facts(dsrc)
             dkind = choose_graph(dsrc.model, graph)
-            say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
-            draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir, dkind, dtype)
+            native_quant = None
+            if _keeps_blocks(dsrc, dtype, draft_quant or (draft_vocab and "vocab"), dkind, say):
+                say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) with the GGUF file's "
+                    "quantized weights")
+                native_quant = _gguf_graph(dsrc, draft_dir, say)
+                draft_graph = draft_dir / "model.onnx"
+            else:
+                say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
+                draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir, dkind,
+                                           dtype or "fp32")
             d_tok = None
             if dsrc.tokenizer is not None:
                 dsrc.tokenizer.backend_tokenizer.save(str(tmp / "draft-tokenizer.json"))
@@ -215,7 +235,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
         if draft_vocab is not None:
             draft_graph, subset = _restrict_draft(tmp, draft_graph, draft_vocab, draft_info, target_info,
                                                   in_place=not draft_quant, say=say)
-        quant = None
+        quant = native_quant if draft != "self" else None
         if draft_quant:
             say(f"quantizing draft to {draft_quant}")
             quant = quantize(draft_graph, draft_dir, draft_quant)
@@ -224,15 +244,41 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
         models["draft"] = _spec(tmp, draft_dir / "model.onnx", draft_info, quant, d_tok, subset)
         shutil.rmtree(tmp / "draft-fp32", ignore_errors=True)
         shutil.rmtree(tmp / "draft-subset", ignore_errors=True)
-    t_quant = None
     if target_quant:
         say(f"quantizing target to {target_quant}")
         t_quant = quantize(fp32, tmp / "target", target_quant)
-        shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
+    shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
     models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None)
     return {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": models["target"], **({"draft": models["draft"]} if "draft" in models else {})},
             "tokenizer": tok_info, "export_versions": _versions()}
+
+
+def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progress) -> bool:
+    """Whether this source's graph keeps its GGUF quantized weights: a .gguf file, no precision asked for
+    (dtype None, no re-quantization), and a fused graph to hold them."""
+    if src.info["kind"] != "gguf" or dtype is not None or requant:
+        return False
+    if kind != "fused":
+        say("this model needs the optimum graph, which takes float weights only: the GGUF file is dequantized")
+        return False
+    return True
+
+
+def _gguf_graph(src: Source, out_dir: Path, say: Progress) -> dict:
+    """Build the fused graph of a GGUF source with its quantized matrices as they are in the file; the
+    manifest's quantization entry."""
+    from .fused import build_fused
+    from .gguf_weights import read_block_weights
+    from .quantize import _count_quantized
+    sd = {k: v.detach().float().numpy() for k, v in src.model.state_dict().items()}
+    blocks, counts = read_block_weights(src.info["ref"], sd, src.model.config)
+    say("GGUF weights checked against the dequantized model: " +
+        ", ".join(f"{n} x {t}" for t, n in sorted(counts.items())))
+    path = build_fused(src.model, out_dir, "fp32", blocks=blocks)
+    return {"method": "gguf", "op": "MatMulNBits", "accuracy_level": 4, "types": counts,
+            "float_tensors": "norms, biases and any tensor of another type",
+            "quantized_nodes": _count_quantized(path)}
 
 
 def _save_tokenizer(src: Source, tmp: Path) -> dict:

@@ -11,7 +11,14 @@ about 11 nodes per layer:
     -> QuickGelu(alpha=1) (= SiLU) -> Mul -> MatMul(down)
 
 and after the last layer the final norm and the output layer, which runs on the
-last ``logits_to_keep`` positions only (graph.keep_logits_rows).
+last ``logits_to_keep`` positions only.
+
+With ``blocks`` (GGUF weights in block-quantized form, export.gguf_weights),
+those matrices become ``MatMulNBits`` nodes holding the file's own codes and
+scales (and the embedding a ``GatherBlockQuantized``); a format with per-block
+offsets adds the per-block sums of the input times the offsets. Matrices that
+share an input but not a block layout (Q4_K_M mixes Q4_K and Q6_K) run as
+separate nodes whose outputs are concatenated.
 
 KV cache (``kv_cache = "static"`` in the manifest): every layer's past and
 present K/V are the *same* fixed-capacity buffer [1, kv_heads, capacity,
@@ -28,7 +35,7 @@ import numpy as np
 
 from ortspec.errors import ExportError
 
-from .graph import keep_logits_rows
+from .graph import KEEP_INPUT
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 OPSET = 17
@@ -54,10 +61,13 @@ def supports(model) -> str | None:
     return None
 
 
-def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
+def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None = None,
+                accuracy_level: int = 4) -> Path:
     """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path.
 
     dtype "fp16" stores weights, activations, KV cache and logits in float16 (for CUDA).
+    blocks: Hugging Face weight name -> gguf_weights.BlockWeight for the matrices to keep block-quantized
+    (fp32 only); accuracy_level is MatMulNBits' (4: activations quantized to int8 per block of each row).
     """
     import onnx
     import torch
@@ -65,6 +75,10 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
 
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"dtype must be fp32 or fp16, got {dtype!r}")
+    if blocks and dtype != "fp32":
+        raise ExportError("block-quantized GGUF weights need an fp32 graph; export with --dtype fp32 or fp16 "
+                          "for a float graph")
+    blocks = blocks or {}
     np_dtype = np.float16 if dtype == "fp16" else np.float32
     elem = TensorProto.FLOAT16 if dtype == "fp16" else TensorProto.FLOAT
     reason = supports(model)
@@ -81,17 +95,18 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
     data = open(out_dir / "model.onnx.data", "wb")
     inits, nodes = [], []
 
-    def init(name: str, arr: np.ndarray) -> str:
-        """Write one weight straight to the data file (one tensor in memory at a time)."""
-        arr = np.ascontiguousarray(arr, dtype=np_dtype)
+    def init(name: str, arr: np.ndarray, raw: bool = False) -> str:
+        """Write one weight straight to the data file (one tensor in memory at a time); ``raw`` keeps its
+        element type (codes, scales), else it is stored in the graph's float type."""
+        arr = np.ascontiguousarray(arr) if raw else np.ascontiguousarray(arr, dtype=np_dtype)
         if arr.nbytes < 1024:
             inits.append(numpy_helper.from_array(arr, name))
             return name
         data.write(b"\0" * ((-data.tell()) % 64))
         offset = data.tell()
         data.write(arr.tobytes())
-        tensor = onnx.TensorProto(name=name, data_type=elem, dims=list(arr.shape),
-                                  data_location=onnx.TensorProto.EXTERNAL)
+        tensor = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                  dims=list(arr.shape), data_location=onnx.TensorProto.EXTERNAL)
         for key, value in (("location", "model.onnx.data"), ("offset", str(offset)), ("length", str(arr.nbytes))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
@@ -105,6 +120,53 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
         """HF Linear weights [out, in] -> one [in, sum(out)] MatMul weight."""
         return np.concatenate([sd[k] for k in keys], axis=0).T
 
+    sums: dict[tuple[str, int], str] = {}
+
+    def block_sums(x: str, block: int) -> str:
+        """Per-block sums of the last axis of x ([1, S, K] -> [1, S, K / block]), made once per input."""
+        if (x, block) not in sums:
+            shape = f"blocksum.shape{block}"
+            if shape not in {t.name for t in inits}:
+                inits.append(numpy_helper.from_array(np.array([0, 0, -1, block], np.int64), shape))
+            node("Reshape", [x, shape], [f"{x}.blocks{block}"])
+            node("ReduceSum", [f"{x}.blocks{block}", "axis.last"], [f"{x}.sums{block}"], keepdims=0)
+            sums[(x, block)] = f"{x}.sums{block}"
+        return sums[(x, block)]
+
+    def nbits(x: str, w, name: str, out: str) -> None:
+        """out = x @ w.T with w block-quantized (MatMulNBits), plus the offsets' correction where w has them."""
+        rows, cols = w.shape
+        ins = [x, init(f"{name}.codes", w.packed(), raw=True), init(f"{name}.scales", w.scales.reshape(-1), raw=True)]
+        zp = w.zero_points()
+        if zp is not None:
+            ins.append(init(f"{name}.zeros", zp.reshape(-1), raw=True))
+        target = out if w.offsets is None else f"{out}.main"
+        node("MatMulNBits", ins, [target], domain="com.microsoft", K=cols, N=rows, bits=w.bits,
+             block_size=w.block, accuracy_level=accuracy_level)
+        if w.offsets is not None:
+            node("MatMul", [block_sums(x, w.block), init(f"{name}.offsets", w.offsets.T, raw=True)], [f"{out}.corr"])
+            node("Add", [target, f"{out}.corr"], [out])
+
+    def linear(x: str, keys: list[str], name: str, out: str) -> None:
+        """out = x @ [W_k for k in keys].T: one MatMul of float weights, or block-quantized nodes."""
+        if not all(k in blocks for k in keys):
+            node("MatMul", [x, init(f"{name}.weight", linear_t(*keys))], [out])
+            return
+        from .gguf_weights import concat_rows, layout_key
+        groups: list[list[str]] = []
+        for k in keys:  # runs of one block layout are stacked into one node
+            if groups and layout_key(blocks[groups[-1][-1]]) == layout_key(blocks[k]):
+                groups[-1].append(k)
+            else:
+                groups.append([k])
+        if len(groups) == 1:
+            nbits(x, concat_rows([blocks[k] for k in keys]), name, out)
+            return
+        parts = [f"{out}.part{j}" for j in range(len(groups))]
+        for j, group in enumerate(groups):
+            nbits(x, concat_rows([blocks[k] for k in group]), f"{name}.part{j}", parts[j])
+        node("Concat", parts, [out], axis=-1)
+
     # Rotary tables exactly as the model computes them (any static rope scaling included).
     with torch.no_grad():
         pos = torch.arange(max_pos)[None]
@@ -115,8 +177,29 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
 
     inter = int(cfg.intermediate_size)
     inits.append(numpy_helper.from_array(np.array([inter, inter], dtype=np.int64), "mlp.split"))
+    inits.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), "axis.last"))
     split_sizes = "mlp.split"
-    node("Gather", [init("embed.weight", sd["model.embed_tokens.weight"]), "input_ids"], ["embeds"])
+    emb = blocks.get("model.embed_tokens.weight")
+    if emb is None:
+        node("Gather", [init("embed.weight", sd["model.embed_tokens.weight"]), "input_ids"], ["embeds"])
+    else:  # the file's codes, gathered and dequantized per row
+        vocab_rows = emb.shape[0]
+        ins = ["embed.codes", "input_ids", "embed.scales"]
+        init("embed.codes", emb.packed().reshape(vocab_rows, -1), raw=True)
+        init("embed.scales", emb.scales, raw=True)
+        if emb.offsets is not None:
+            ins.append(init("embed.zeros", emb.zero_points(), raw=True))
+        gathered = "embeds" if emb.offsets is None else "embeds.main"
+        node("GatherBlockQuantized", ins, [gathered], domain="com.microsoft", gather_axis=0, quantize_axis=1,
+             block_size=emb.block, bits=emb.bits)
+        if emb.offsets is not None:
+            inits.append(numpy_helper.from_array(np.array([0, 0, -1, emb.block], np.int64), "embed.blocked"))
+            inits.append(numpy_helper.from_array(np.array([0, 0, hidden], np.int64), "embed.flat"))
+            node("Gather", [init("embed.offsets", emb.offsets, raw=True), "input_ids"], ["embeds.off"])
+            node("Unsqueeze", ["embeds.off", "axis.last"], ["embeds.off1"])
+            node("Reshape", [gathered, "embed.blocked"], ["embeds.blocks"])
+            node("Add", ["embeds.blocks", "embeds.off1"], ["embeds.sum"])
+            node("Reshape", ["embeds.sum", "embed.flat"], ["embeds"])
     resid, out = "embeds", None
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -127,8 +210,7 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
             node("SkipSimplifiedLayerNormalization", [out, resid, ln1], [f"l{i}.h", "", "", f"l{i}.res"],
                  domain="com.microsoft", epsilon=eps)
             resid = f"l{i}.res"
-        qkv_w = linear_t(p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight")
-        node("MatMul", [f"l{i}.h", init(f"l{i}.qkv.weight", qkv_w)], [f"l{i}.qkv"])
+        linear(f"l{i}.h", [p + f"self_attn.{x}_proj.weight" for x in "qkv"], f"l{i}.qkv", f"l{i}.qkv")
         qkv = f"l{i}.qkv"
         if p + "self_attn.q_proj.bias" in sd:
             bias = np.concatenate([sd[p + f"self_attn.{x}_proj.bias"] for x in "qkv"])
@@ -140,29 +222,37 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
              [f"l{i}.attn", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
              num_heads=n_heads, kv_num_heads=kv_heads, do_rotary=1, rotary_interleaved=0,
              scale=float(head_dim ** -0.5), local_window_size=-1)
-        node("MatMul", [f"l{i}.attn", init(f"l{i}.o.weight", sd[p + "self_attn.o_proj.weight"].T)], [f"l{i}.o"])
+        linear(f"l{i}.attn", [p + "self_attn.o_proj.weight"], f"l{i}.o", f"l{i}.o")
         node("SkipSimplifiedLayerNormalization",
              [f"l{i}.o", resid, init(f"l{i}.ln2", sd[p + "post_attention_layernorm.weight"])],
              [f"l{i}.h2", "", "", f"l{i}.res2"], domain="com.microsoft", epsilon=eps)
         resid = f"l{i}.res2"
         # gate and up share their input: one packed MatMul (one kernel launch fewer per layer), then Split
-        gate_up = linear_t(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-        node("MatMul", [f"l{i}.h2", init(f"l{i}.gate_up.weight", gate_up)], [f"l{i}.gu_in"])
+        linear(f"l{i}.h2", [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], f"l{i}.gate_up", f"l{i}.gu_in")
         node("Split", [f"l{i}.gu_in", split_sizes], [f"l{i}.g", f"l{i}.u"], axis=-1)
         node("QuickGelu", [f"l{i}.g"], [f"l{i}.act"], domain="com.microsoft", alpha=1.0)  # x*sigmoid(x) = SiLU
         node("Mul", [f"l{i}.act", f"l{i}.u"], [f"l{i}.gu"])
-        node("MatMul", [f"l{i}.gu", init(f"l{i}.down.weight", sd[p + "mlp.down_proj.weight"].T)], [f"l{i}.d"])
+        linear(f"l{i}.gu", [p + "mlp.down_proj.weight"], f"l{i}.down", f"l{i}.d")
         out = f"l{i}.d"
     node("SkipSimplifiedLayerNormalization", [out, resid, init("final_norm", sd["model.norm.weight"])],
          ["final", "", "", ""], domain="com.microsoft", epsilon=eps)
-    head = sd.get("lm_head.weight", sd["model.embed_tokens.weight"])
-    node("MatMul", ["final", init("lm_head.weight", head.T)], ["logits"])
+    # the output layer sees the last logits_to_keep positions only
+    inits.append(numpy_helper.from_array(np.array([np.iinfo(np.int64).max], np.int64), "keep_rows/end"))
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "keep_rows/axis"))
+    node("Neg", [KEEP_INPUT], ["keep_rows/start"])
+    node("Slice", ["final", "keep_rows/start", "keep_rows/end", "keep_rows/axis"], ["keep_rows/hidden"])
+    head_key = "lm_head.weight" if "lm_head.weight" in sd else "model.embed_tokens.weight"
+    if head_key in blocks:
+        linear("keep_rows/hidden", [head_key], "lm_head", "logits")
+    else:
+        node("MatMul", ["keep_rows/hidden", init("lm_head.weight", sd[head_key].T)], ["logits"])
 
-    vocab = head.shape[0]
+    vocab = sd[head_key].shape[0]
     kv_shape = [1, kv_heads, "max_sequence_length", head_dim]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "sequence_length"]),
               helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
-              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+              helper.make_tensor_value_info(KEEP_INPUT, TensorProto.INT64, [1])]
     outputs = [helper.make_tensor_value_info("logits", elem, [1, "sequence_length", vocab])]
     for i in range(layers):
         for kv in ("key", "value"):
@@ -174,5 +264,4 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32") -> Path:
     onnx_model.ir_version = 8
     data.close()
     onnx.save_model(onnx_model, str(path))
-    keep_logits_rows(path)
     return path

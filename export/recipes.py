@@ -56,7 +56,8 @@ def resolve_recipe(name: str, cache: Path | None = None, progress=None) -> dict:
     draft = "self" if d.get("self") else (obtain(d, cache, say) if d else None)
     return {"target": str(target), "draft": draft if draft is None or draft == "self" else str(draft),
             "draft_quant": d.get("quant"), "target_quant": recipe["target"].get("quant"),
-            "draft_vocab": d.get("vocab"), "generation": recipe.get("generation")}
+            "draft_vocab": d.get("vocab"), "generation": recipe.get("generation"),
+            "dtype": recipe.get("dtype", "fp32")}  # recipes keep float targets unless they say otherwise
 
 
 def obtain(entry: dict, cache: Path, say) -> Path:

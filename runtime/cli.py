@@ -1,4 +1,4 @@
-"""The `ortspec` command line: export, generate, serve, inspect, bench, verify.
+"""The `ortspec` command line: export, generate, serve, inspect, bench, verify, quality.
 
 Thin front end over the public Python API. Errors print one line without a
 traceback (exit 2 for bad arguments, 1 for everything else); --debug shows it.
@@ -99,8 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused: onnxruntime contrib operators with an in-place KV cache (Llama/Qwen2/Mistral, "
                         "fastest); optimum: optimum's text-generation-with-past export (any architecture it "
                         "knows); auto (default): fused where supported")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16"],
-                   help="weights/activations/KV cache precision; fp16 is for the CUDA provider (fused graphs only)")
+    p.add_argument("--dtype", default=None, choices=["fp32", "fp16"],
+                   help="float weights of this precision (fp16 is for the CUDA provider, fused graphs only). "
+                        "Default: a .gguf source keeps its quantized weights as the file has them (Q4_0, Q4_1, "
+                        "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the GGUF model itself, no second rounding) unless "
+                        "--target-quant/--draft-quant re-quantizes; any other source, fp32. --dtype fp32 "
+                        "dequantizes a GGUF file")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -197,6 +201,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(do_sample=True)
     _runtime_flags(p, drafter_default=None, gamma=False)
 
+    p = sub.add_parser("quality", help="compare a bundle's model with a reference bundle's on a text (agreement, "
+                                       "KL, NLL)",
+                       description="Teacher-forces a text through both bundles' targets (or drafts) and reports "
+                                   "top-1 agreement of the next-token distributions, mean KL(reference || "
+                                   "bundle), and each model's NLL of the text. E.g. a quantized export against "
+                                   "the fp32 export of the same model.",
+                       epilog="example:\n  ortspec quality models/qwen-gguf --reference models/qwen-fp32\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bundle")
+    p.add_argument("--reference", required=True, help="the bundle to compare against (same tokenizer)")
+    p.add_argument("--text", default=None, help="text file (default: the shipped tools/prompts/quality.txt)")
+    p.add_argument("--tokens", type=int, default=400, help="tokens of the text to use (default 400)")
+    p.add_argument("--model", default="target", choices=["target", "draft"], help="which model of each bundle")
+    p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("inspect", help="show a bundle's models, graph I/O, compatibility and checksums")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true")
@@ -211,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     handler = {"export": cmd_export, "generate": cmd_generate, "inspect": cmd_inspect, "bench": cmd_bench,
-               "verify": cmd_verify, "serve": cmd_serve}[args.command]
+               "verify": cmd_verify, "serve": cmd_serve,
+               "quality": cmd_quality}[args.command]
     try:
         return handler(args) or 0
     except KeyboardInterrupt:
@@ -255,14 +277,15 @@ def cmd_export(args) -> int:
         print(f"wrote {write_genai_config(args.out, max_draft_tokens=genai_k)}")
         return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
-                  target_quant=args.target_quant, draft_vocab=getattr(args, "draft_vocab", None), generation=None)
+                  target_quant=args.target_quant, draft_vocab=getattr(args, "draft_vocab", None), generation=None,
+                  dtype=getattr(args, "dtype", None))
     if args.recipe:
         recipe = resolve_recipe(args.recipe)
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}
     if not kwargs["target"]:
         raise ValueError("pass --target SRC or --recipe NAME")
     out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,
-                        graph=getattr(args, "graph", "auto"), dtype=getattr(args, "dtype", "fp32"),
+                        graph=getattr(args, "graph", "auto"),
                         genai_config=genai_k if genai else None, **kwargs)
     if args.json:
         print((Path(out) / "ortspec.json").read_text())
@@ -310,6 +333,22 @@ def cmd_generate(args) -> int:
           f"{stats.tokens_per_s:.1f} tok/s, "
           f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round, "
           f"stopped on {reason}" + (" (draft disabled)" if stats.draft_disabled else ""), file=sys.stderr)
+    return 0
+
+
+def cmd_quality(args) -> int:
+    from .quality import compare_models, format_quality
+    path = Path(args.text) if args.text else _default_prompts().with_name("quality.txt")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read --text {path}: {exc.strerror}") from None
+    report = compare_models(args.bundle, args.reference, text, tokens=args.tokens, provider=args.provider,
+                            threads=args.threads, which=args.model,
+                            progress=lambda d, n: print(f"\r[ortspec quality] {d}/{n} positions", end="",
+                                                        file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    print(json.dumps(report, indent=2) if args.json else format_quality(report))
     return 0
 
 

@@ -279,7 +279,7 @@ class SpeculativeGenerator:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-        ids = self._prompt_ids(prompt, input_ids, chat, system, messages)
+        ids = self.encode_prompt(prompt, input_ids, chat=chat, system=system, messages=messages)
         need = len(ids) + max_new_tokens - 1
         if need > self.target.capacity:
             raise CacheOverflowError(
@@ -413,7 +413,10 @@ class SpeculativeGenerator:
                                     if bitwise else ""))
 
     # -- helpers --------------------------------------------------------------
-    def _prompt_ids(self, prompt, input_ids, chat, system, messages=None) -> list[int]:
+    def encode_prompt(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, *,
+                      chat: bool = False, system: str | None = None,
+                      messages: Sequence[dict] | None = None) -> list[int]:
+        """The token ids ``stream`` would feed for these prompt arguments (checked the same way)."""
         if sum(x is not None for x in (prompt, input_ids, messages)) != 1:
             raise ValueError("pass exactly one of prompt (text), messages (a conversation) or input_ids (token ids)")
         if messages is not None:

@@ -22,7 +22,7 @@ import time
 import uuid
 
 from .config import SpeculationConfig
-from .errors import CacheOverflowError, OrtspecError
+from .errors import OrtspecError
 from .generator import SpeculativeGenerator
 
 log = logging.getLogger("ortspec.serve")
@@ -299,6 +299,7 @@ class Engine:
         self.served = 0
         self.cancelled = 0
         self.last: dict | None = None
+        self.created = int(time.time())
 
     def generator(self, drafter: str | None) -> SpeculativeGenerator:
         name = drafter or self.gen.drafter.name
@@ -317,19 +318,22 @@ class Engine:
                            "prompt")
         capacity = gen.target.capacity
         try:
-            probe = gen.stream(**job.source, **opts, max_new_tokens=1)
-        except CacheOverflowError:
-            raise ApiError(400, f"the prompt does not fit this model's context of {capacity} tokens", "messages"
-                           if job.kind == "chat" else "prompt", "context_length_exceeded") from None
+            ids = gen.encode_prompt(**job.source)
         except (ValueError, OrtspecError) as exc:
-            raise ApiError(400, str(exc)) from None
-        ids = probe.prompt_ids
+            raise ApiError(400, str(exc), "messages" if job.kind == "chat" else "prompt") from None
+        if len(ids) > capacity:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens; this model's context is {capacity} tokens",
+                           "messages" if job.kind == "chat" else "prompt", "context_length_exceeded")
         room = capacity - len(ids) + 1  # the last new token is never fed
         if job.max_tokens is not None and job.max_tokens > room:
             raise ApiError(400, f"this model's context is {capacity} tokens; the prompt uses {len(ids)}, so "
                                 f"max_tokens can be at most {room}, got {job.max_tokens}",
                            "max_tokens", "context_length_exceeded")
-        return gen.stream(input_ids=ids, **opts, max_new_tokens=job.max_tokens or min(room, self.default_max_tokens))
+        try:
+            return gen.stream(input_ids=ids, **opts,
+                              max_new_tokens=job.max_tokens or min(room, self.default_max_tokens))
+        except (ValueError, OrtspecError) as exc:
+            raise ApiError(400, str(exc)) from None
 
     def submit(self, job: Job, stream, loop) -> Ticket:
         with self._count_lock:
@@ -507,7 +511,6 @@ def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAU
         log.exception("unhandled error")
         return error(ApiError(500, f"internal error ({type(exc).__name__}); see the server log"))
 
-    engine.created = int(time.time())
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completion, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),

@@ -291,6 +291,19 @@ def test_a_client_dropped_mid_stream_frees_the_server(server):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_client_that_gives_up_on_a_whole_answer_frees_the_server(server):
+    before = health(server)["cancelled"]
+    u = urlparse(server)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=1.0)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": MODEL, "messages": CHAT, **LONG}),
+                 headers={"Content-Type": "application/json"})
+    with pytest.raises(OSError):  # the answer would take ~15 s: the client times out and hangs up
+        conn.getresponse()
+    conn.close()
+    h = wait_idle(server)
+    assert h["cancelled"] == before + 1 and h["last"]["completion_tokens"] < LONG["max_tokens"]
+
+
 # -- bad input: documented statuses, JSON errors, never a 500 -----------------------------------------------------
 
 BAD = [
@@ -339,7 +352,7 @@ def test_bad_requests_get_their_status(server, path, body, status, code):
 
 def test_limits_are_named_and_other_failures_are_json(server):
     status, payload = request(server, "POST", "/v1/completions", {"model": MODEL, "prompt": " ".join(["w5"] * 4100)})
-    assert "4096" in payload["error"]["message"]
+    assert "4096" in payload["error"]["message"] and "4100" in payload["error"]["message"]
     status, payload = request(server, "POST", "/v1/completions", {"model": MODEL, "prompt": "w1 w2", "max_tokens": 5000})
     assert "4095" in payload["error"]["message"]  # 4096 - 2 prompt tokens + 1
     assert request(server, "POST", "/v1/chat/completions", raw=b"{not json")[0] == 400

@@ -102,6 +102,7 @@ def main() -> int:
     ap.add_argument("bundle")
     ap.add_argument("--prompts", default=str(ROOT / "tools" / "prompts" / "dev.jsonl"))
     ap.add_argument("--overhead-prompts", type=int, default=8, help="prompts for the overhead phase (default 8)")
+    ap.add_argument("--repeat", type=int, default=1, help="passes over the overhead prompts (default 1)")
     ap.add_argument("--requests", type=int, default=16, help="requests in the concurrency phase (default 16)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients in that phase (default 4)")
     ap.add_argument("--turns", type=int, default=4, help="conversations in the follow-up phase (default 4)")
@@ -127,9 +128,10 @@ def main() -> int:
                     "sampled": ({"do_sample": True, **SAMPLED}, SAMPLED)}
         for name, (api_kw, body_kw) in settings.items():
             ratios, direct_tps, server_tps = [], [], []
-            for i, prompt in enumerate(prompts[:args.overhead_prompts]):
+            chosen = prompts[:args.overhead_prompts]
+            for i, prompt in enumerate(chosen * max(1, args.repeat)):
                 messages = [{"role": "user", "content": prompt}]
-                seed = {"seed": i} if name == "sampled" else {}
+                seed = {"seed": i % len(chosen)} if name == "sampled" else {}
 
                 def direct():
                     t0 = time.perf_counter()
@@ -159,7 +161,7 @@ def main() -> int:
                                           "ratio_median": med, "ratios": ratios}
             print(f"one client, {name}: direct {statistics.median(direct_tps):.1f} tok/s, server "
                   f"{statistics.median(server_tps):.1f} tok/s, server/direct median {med:.3f} "
-                  f"(overhead {1 - med:+.1%}) over {len(ratios)} prompts, texts identical")
+                  f"(overhead {1 - med:+.1%}) over {len(ratios)} requests, texts identical")
 
         # 2. concurrency
         results: list[dict] = []

@@ -1,0 +1,77 @@
+"""How close one bundle's model is to another's: teacher-forced agreement, KL and NLL on a text.
+
+Both targets read the same token ids (the candidate bundle's tokenizer; the two
+must share it). At every position we compare the next-token distributions:
+top-1 agreement (same argmax), mean KL(reference || candidate), and each
+model's negative log-likelihood of the text's actual next token.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+import time
+
+import numpy as np
+
+CHUNK = 64  # positions per pass: bounded logits memory whatever the text length
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    x = rows.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def compare_models(candidate: str, reference: str, text: str, tokens: int = 400, provider: str = "cpu",
+                   threads: int | None = None, which: str = "target", progress=None) -> dict:
+    """Teacher-force the first ``tokens`` tokens of ``text`` through both bundles' ``which`` models
+    ("target" or "draft") and compare their next-token distributions position by position."""
+    from .bundle import load_bundle
+    from .model import CausalLM
+    from .text import TextCodec
+
+    if which not in ("target", "draft"):
+        raise ValueError(f"which must be 'target' or 'draft', got {which!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+        raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
+    lms, names = [], []
+    for root in (candidate, reference):
+        b = load_bundle(root)
+        spec = getattr(b, which) if which == "target" else b.draft
+        if spec is None:
+            raise ValueError(f"bundle {root} has no {which} model")
+        lms.append(CausalLM(spec, str(b.file(spec.path)), provider, threads))
+        names.append(f"{Path(root).name} {which}")
+        if len(lms) == 1:
+            if b.tokenizer_file is None:
+                raise ValueError(f"bundle {root} has no tokenizer to read the text with")
+            codec = TextCodec(b.tokenizer_file, b.tokenizer_config)
+    ids = codec.encode(text)[:tokens]
+    if len(ids) < 2:
+        raise ValueError("the text encodes to fewer than 2 tokens; pass a longer text")
+    n = len(ids) - 1  # positions with a next token to predict
+    agree, kl, nll = 0, 0.0, [0.0, 0.0]
+    started = time.perf_counter()
+    for lm in lms:
+        lm.reset()
+    for lo in range(0, len(ids) - 1, CHUNK):
+        hi = min(lo + CHUNK, len(ids) - 1)
+        feed = ids[lo:hi]
+        cand, ref = (_log_softmax(lm.forward(feed, keep=len(feed))) for lm in lms)
+        nxt = np.asarray(ids[lo + 1:hi + 1])
+        agree += int(np.sum(cand.argmax(-1) == ref.argmax(-1)))
+        kl += float(np.sum(np.exp(ref) * (ref - cand)))
+        for j, lp in enumerate((cand, ref)):
+            nll[j] -= float(np.sum(lp[np.arange(len(feed)), nxt]))
+        if progress:
+            progress(hi, n)
+    return {"candidate": names[0], "reference": names[1], "positions": n,
+            "top1_agreement": agree / n, "mean_kl": kl / n,
+            "nll_candidate": nll[0] / n, "nll_reference": nll[1] / n,
+            "nll_change": nll[0] / nll[1] - 1 if nll[1] else float("nan"),
+            "seconds": time.perf_counter() - started}
+
+
+def format_quality(r: dict) -> str:
+    return (f"{r['candidate']} against {r['reference']}, {r['positions']} positions teacher-forced:\n"
+            f"  top-1 agreement {r['top1_agreement']:.1%}, mean KL(reference || candidate) {r['mean_kl']:.4f}\n"
+            f"  NLL of the text {r['nll_candidate']:.3f} vs {r['nll_reference']:.3f} ({r['nll_change']:+.1%})")

@@ -62,7 +62,7 @@ def supports(model) -> str | None:
 
 
 def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None = None,
-                accuracy_level: int = 4) -> Path:
+                accuracy_level: int = 4, head_accuracy_level: int | None = None) -> Path:
     """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path.
 
     dtype "fp16" stores weights, activations, KV cache and logits in float16 (for CUDA).
@@ -133,7 +133,7 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
             sums[(x, block)] = f"{x}.sums{block}"
         return sums[(x, block)]
 
-    def nbits(x: str, w, name: str, out: str) -> None:
+    def nbits(x: str, w, name: str, out: str, level: int | None = None) -> None:
         """out = x @ w.T with w block-quantized (MatMulNBits), plus the offsets' correction where w has them."""
         rows, cols = w.shape
         ins = [x, init(f"{name}.codes", w.packed(), raw=True), init(f"{name}.scales", w.scales.reshape(-1), raw=True)]
@@ -142,12 +142,12 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
             ins.append(init(f"{name}.zeros", zp.reshape(-1), raw=True))
         target = out if w.offsets is None else f"{out}.main"
         node("MatMulNBits", ins, [target], domain="com.microsoft", K=cols, N=rows, bits=w.bits,
-             block_size=w.block, accuracy_level=accuracy_level)
+             block_size=w.block, accuracy_level=accuracy_level if level is None else level)
         if w.offsets is not None:
             node("MatMul", [block_sums(x, w.block), init(f"{name}.offsets", w.offsets.T, raw=True)], [f"{out}.corr"])
             node("Add", [target, f"{out}.corr"], [out])
 
-    def linear(x: str, keys: list[str], name: str, out: str) -> None:
+    def linear(x: str, keys: list[str], name: str, out: str, level: int | None = None) -> None:
         """out = x @ [W_k for k in keys].T: one MatMul of float weights, or block-quantized nodes."""
         if not all(k in blocks for k in keys):
             node("MatMul", [x, init(f"{name}.weight", linear_t(*keys))], [out])
@@ -160,11 +160,11 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
             else:
                 groups.append([k])
         if len(groups) == 1:
-            nbits(x, concat_rows([blocks[k] for k in keys]), name, out)
+            nbits(x, concat_rows([blocks[k] for k in keys]), name, out, level)
             return
         parts = [f"{out}.part{j}" for j in range(len(groups))]
         for j, group in enumerate(groups):
-            nbits(x, concat_rows([blocks[k] for k in group]), f"{name}.part{j}", parts[j])
+            nbits(x, concat_rows([blocks[k] for k in group]), f"{name}.part{j}", parts[j], level)
         node("Concat", parts, [out], axis=-1)
 
     # Rotary tables exactly as the model computes them (any static rope scaling included).
@@ -177,7 +177,8 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
 
     inter = int(cfg.intermediate_size)
     inits.append(numpy_helper.from_array(np.array([inter, inter], dtype=np.int64), "mlp.split"))
-    inits.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), "axis.last"))
+    if any(w.offsets is not None for w in blocks.values()):
+        inits.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), "axis.last"))
     split_sizes = "mlp.split"
     emb = blocks.get("model.embed_tokens.weight")
     if emb is None:
@@ -243,7 +244,7 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
     node("Slice", ["final", "keep_rows/start", "keep_rows/end", "keep_rows/axis"], ["keep_rows/hidden"])
     head_key = "lm_head.weight" if "lm_head.weight" in sd else "model.embed_tokens.weight"
     if head_key in blocks:
-        linear("keep_rows/hidden", [head_key], "lm_head", "logits")
+        linear("keep_rows/hidden", [head_key], "lm_head", "logits", head_accuracy_level)
     else:
         node("MatMul", ["keep_rows/hidden", init("lm_head.weight", sd[head_key].T)], ["logits"])
 

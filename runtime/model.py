@@ -82,6 +82,10 @@ def session_options(threads: int | None, thread_pool: str = "session") -> ort.Se
     check_thread_pool(thread_pool)
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    # Denormal floats (e.g. attention weights that underflow in a sharp softmax) run on a slow path of the
+    # CPU: flushing them to zero took an exact GGUF SmolLM2 step from 15.2 to 12.6 ms (pool per session).
+    # Both decoding paths run the same sessions, so exactness is untouched.
+    so.add_session_config_entry("session.set_denormal_as_zero", "1")
     if thread_pool == "shared":
         _shared_pool(threads)
         so.use_per_session_threads = False

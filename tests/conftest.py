@@ -74,3 +74,13 @@ def ids_bundle(workdir, hf_models) -> Path:
 @pytest.fixture(scope="session")
 def dev_prompts() -> list[str]:
     return [json.loads(line)["prompt"] for line in DEV_PROMPTS.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def smol(tmp_path_factory):
+    """The real SmolLM2-135M-Instruct pair of recipe smollm2-135m (fp32 target, INT4 self-draft)."""
+    pytest.importorskip("torch")
+    from ortspec.export import export_bundle
+    from ortspec.export.recipes import resolve_recipe
+    out = tmp_path_factory.mktemp("real") / "smollm2-135m"
+    return export_bundle(out=out, progress=None, **resolve_recipe("smollm2-135m", progress=lambda m: None))

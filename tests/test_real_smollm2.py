@@ -22,15 +22,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
-def smol(tmp_path_factory):
-    pytest.importorskip("torch")
-    from ortspec.export import export_bundle
-    from ortspec.export.recipes import resolve_recipe
-    out = tmp_path_factory.mktemp("real") / "smollm2-135m"
-    return export_bundle(out=out, progress=None, **resolve_recipe("smollm2-135m", progress=lambda m: None))
-
-
-@pytest.fixture(scope="session")
 def smol_int4_target(tmp_path_factory):
     """SmolLM2 with an INT4 target and an INT4 self-draft."""
     pytest.importorskip("torch")

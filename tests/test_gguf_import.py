@@ -1,0 +1,175 @@
+"""GGUF quantized weights kept as the file has them: decoders, operators, and a real file end to end."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
+
+from ortspec.export.gguf_weights import LAYOUT, BlockWeight, decode, rotary_row_order  # noqa: E402
+
+HALVES = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2],
+          "Q6_K": [208]}  # byte offsets of the float16 fields in each block
+
+
+def random_tensor(qtype: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random GGUF bytes of ``qtype``: every code and packed scale random, the float16 fields finite."""
+    rng = np.random.default_rng(seed)
+    _, _, nbytes, per = LAYOUT[qtype]
+    b = rng.integers(0, 256, (rows, cols // per, nbytes), dtype=np.uint8)
+    for at in HALVES[qtype]:
+        half = rng.normal(0, 0.02, b.shape[:2]).astype(np.float16)
+        b[..., at:at + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
+    return b.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", sorted(LAYOUT))
+def test_each_block_type_decodes_to_ggufs_own_dequantization(qtype):
+    raw = random_tensor(qtype, 5, 512)
+    w = decode(qtype, raw, 512)
+    ref = dequantize(raw, getattr(GGMLQuantizationType, qtype)).reshape(5, 512)
+    assert np.array_equal(w.dequantize(), ref)  # bit for bit: the same formula on the same numbers
+    bits, block = LAYOUT[qtype][:2]
+    assert (w.bits, w.block) == (bits, block) and int(w.codes.max()) < 2 ** bits
+
+
+def test_a_wrong_layout_is_caught():
+    """Negative control: swapping the nibble halves of Q4_0 (a plausible layout mistake) must not pass."""
+    raw = random_tensor("Q4_0", 4, 256, seed=3)
+    w = decode("Q4_0", raw, 256)
+    codes = w.codes.reshape(4, -1, 32)
+    swapped = BlockWeight(np.concatenate([codes[..., 16:], codes[..., :16]], -1).reshape(4, 256), w.scales,
+                          None, 4, 32, "Q4_0")
+    ref = dequantize(raw, GGMLQuantizationType.Q4_0).reshape(4, 256)
+    assert not np.array_equal(swapped.dequantize(), ref)
+
+
+def _matmul_nbits(w: BlockWeight, x: np.ndarray, level: int) -> np.ndarray:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    rows, cols = w.shape
+    inits = [numpy_helper.from_array(w.packed(), "B"), numpy_helper.from_array(w.scales.reshape(-1), "S")]
+    ins = ["A", "B", "S"]
+    if w.zero_points() is not None:
+        inits.append(numpy_helper.from_array(w.zero_points().reshape(-1), "Z"))
+        ins.append("Z")
+    node = helper.make_node("MatMulNBits", ins, ["Y"], domain="com.microsoft", K=cols, N=rows, bits=w.bits,
+                            block_size=w.block, accuracy_level=level)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, cols])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"A": x})[0]
+
+
+@pytest.mark.parametrize("qtype", sorted(LAYOUT))
+def test_matmul_nbits_holds_the_decoded_weights(qtype):
+    """onnxruntime reads the packed codes, scales and zero points as the decoder means them: x @ W.T with
+    x = unit rows returns W's columns (fp32 accumulation, accuracy level 0). Offsets are added by the graph,
+    so the operator alone must give scale * (code - zero)."""
+    raw = random_tensor(qtype, 48, 256, seed=1)
+    w = decode(qtype, raw, 256)
+    eye = np.eye(256, dtype=np.float32)
+    got = _matmul_nbits(w, eye, level=0).T
+    codes = w.codes.astype(np.float32).reshape(48, -1, w.block)
+    want = (w.scales[..., None] * (codes - w.zero)).reshape(48, 256)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_rotary_row_order_undoes_llama_cpp_permutation():
+    heads, dim = 3, 8
+    hf = np.arange(heads * dim)[:, None].repeat(4, 1)
+    # llama.cpp's converter interleaves the two rotary halves of each head
+    cpp = hf.reshape(heads, 2, dim // 2, 4).swapaxes(1, 2).reshape(heads * dim, 4)
+    assert np.array_equal(cpp[rotary_row_order(heads * dim, heads)], hf)
+
+
+# -- a real file: SmolLM2-135M-Instruct Q4_1 (Q8_0 embedding), end to end ------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_gguf_bundle(tmp_path_factory):
+    pytest.importorskip("torch")
+    from ortspec.export import export_bundle
+    from ortspec.export.recipes import resolve_recipe
+    source = resolve_recipe("smollm2-135m", progress=lambda m: None)["target"]
+    out = tmp_path_factory.mktemp("gguf") / "smol-gguf"
+    return export_bundle(target=source, out=out, progress=None), source
+
+
+@pytest.mark.slow
+def test_real_file_every_tensor_decodes_both_ways(smol_gguf_bundle):
+    from gguf import GGUFReader
+    _, source = smol_gguf_bundle
+    seen = {}
+    for t in GGUFReader(source).tensors:
+        qtype = t.tensor_type.name
+        if qtype not in LAYOUT:
+            continue
+        cols = int(t.shape[0])
+        raw = np.asarray(t.data).reshape(-1, np.asarray(t.data).shape[-1])
+        ours = decode(qtype, raw, cols).dequantize()
+        theirs = dequantize(raw, t.tensor_type).reshape(ours.shape)
+        assert np.array_equal(ours, theirs), t.name
+        seen[qtype] = seen.get(qtype, 0) + 1
+    assert seen == {"Q4_1": 210, "Q8_0": 1}
+
+
+@pytest.mark.slow
+def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
+    import json
+    from ortspec import SpeculativeGenerator
+    from ortspec.quality import compare_models
+    bundle, _ = smol_gguf_bundle
+    manifest = json.loads((bundle / "ortspec.json").read_text())
+    q = manifest["models"]["target"]["quantization"]
+    assert q["method"] == "gguf" and q["types"] == {"Q4_1": 210, "Q8_0": 1}
+    assert q["quantized_nodes"]["MatMulNBits"] == 30 * 4 + 1 and q["quantized_nodes"]["GatherBlockQuantized"] == 1
+    size = sum(f.stat().st_size for f in (bundle / "target").iterdir())
+    assert size < 160e6  # 4.5-bit body, 8.5-bit embedding: about a quarter of the fp32 graph
+    from conftest import REPO
+    report = compare_models(str(bundle), str(smol), (REPO / "tools" / "prompts" / "quality.txt").read_text(),
+                            tokens=200)
+    # the same weights as the fp32 export of the file; what differs is activation rounding (accuracy level 4)
+    assert report["top1_agreement"] > 0.85 and report["mean_kl"] < 0.05
+    from ortspec.bundle import load_bundle
+    from ortspec.exactness import invariance_check
+    from ortspec.model import CausalLM
+    b = load_bundle(bundle)
+    lm = CausalLM(b.target, str(b.file(b.target.path)))
+    context = SpeculativeGenerator.load(bundle, drafter="none").codec.encode("Write a haiku about caches.")
+    inv = invariance_check(lm, context, positions=12, sizes=range(1, 10))
+    assert inv["invariant"], inv  # every pass size the runtime uses gives the same bits per position
+    gen = SpeculativeGenerator.load(bundle, drafter="prompt_lookup")
+    ref = SpeculativeGenerator.load(bundle, drafter="none")
+    for prompt in ("The capital of France is", "def fibonacci(n):"):
+        a = gen.generate(prompt=prompt, max_new_tokens=24, do_sample=False)
+        b = ref.generate(prompt=prompt, max_new_tokens=24, do_sample=False)
+        assert a.token_ids == b.token_ids  # speculation over the imported target is exact
+
+
+# -- the quality command ------------------------------------------------------------------------------------------
+
+def test_quality_of_a_model_against_itself_and_a_noisier_copy(llama_bundle, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from ortspec.quality import compare_models
+    text = " ".join(f"w{(i * 7) % 120}" for i in range(90))
+    same = compare_models(str(llama_bundle), str(llama_bundle), text, tokens=80)
+    assert same["positions"] == 79 and same["top1_agreement"] == 1.0 and same["mean_kl"] == 0.0
+    assert same["nll_candidate"] == same["nll_reference"]
+    draft = compare_models(str(llama_bundle), str(llama_bundle), text, tokens=80, which="draft")
+    assert draft["mean_kl"] == 0.0  # the draft against itself
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "quality", str(llama_bundle), "--reference",
+                           str(llama_bundle), "--text", str(path), "--tokens", "80", "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["top1_agreement"] == 1.0
+    with pytest.raises(ValueError, match="tokens"):
+        compare_models(str(llama_bundle), str(llama_bundle), text, tokens=1)

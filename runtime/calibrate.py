@@ -63,13 +63,15 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
     if draft is None:
         costs += [_timed(target, ctx, k, reps) for k in range(2, max_k + 1)]
     else:
-        steps = []
-        for k in range(2, max_k + 1):
-            # fastest of reps (noise only adds time), each measured right after the drafts
-            rounds = [_round(target, draft, ctx, k) for _ in range(reps)]
-            costs.append(min(t for _, t in rounds))
-            steps.append(min(d for d, _ in rounds))
-        draft_cost = float(np.median(steps))
+        # Fastest of reps (noise only adds time), each measured right after the drafts. The pass sizes take
+        # turns within each repetition, so a busy spell on a shared machine slows a few samples of every
+        # size rather than every sample of a few sizes (which once made C_t(5..9) read 3x C_t(4)).
+        rounds: dict[int, list] = {k: [] for k in range(2, max_k + 1)}
+        for _ in range(reps):
+            for k in rounds:
+                rounds[k].append(_round(target, draft, ctx, k))
+        costs += [min(t for _, t in rounds[k]) for k in rounds]
+        draft_cost = float(np.median([min(d for d, _ in rounds[k]) for k in rounds]))
     out = {"target_costs": costs, "context": context, "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": machine(), "method": "rounds"}
     if draft is not None:

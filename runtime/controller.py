@@ -10,11 +10,19 @@ When no gamma predicts a gain it decodes target-only for a while, then probes
 with one draft token (the cheapest way to re-measure acceptance) and returns to
 the model's choice only if that pays. It only chooses how many tokens to draft,
 so it never changes the output distribution.
+
+One bad measurement must not decide for good: a pass size's cost that has
+only come from the stored profile is read through a smoothness prior (no
+jump from one size to the next above a few times the profile's typical step),
+every EXPLORE_EVERY rounds a draft length whose pass it has not timed lately
+is tried once if it is predicted to be competitive, and ``drift`` reports how
+far the costs timed online have moved from the profile, so the generator can
+store the new ones (a re-calibration that costs nothing).
 """
 from __future__ import annotations
 
 from .config import SpeculationConfig
-from .costmodel import best_gamma
+from .costmodel import best_gamma, predicted_speedup
 
 
 class FixedController:
@@ -32,6 +40,10 @@ class AutoController:
     DECAY = 0.15        # weight of the newest observation
     PAUSE_ROUNDS = 16   # target-only rounds before probing again
     DEEPER = 0.9        # an unmeasured position: this times the acceptance of the one before it
+    EXPLORE_EVERY = 24  # rounds between tries of a draft length whose pass was not timed lately
+    STALE = 96          # a pass size not timed for this many rounds may be tried again ...
+    COMPETITIVE = 0.9   # ... when its predicted speedup is at least this share of the best
+    MAX_JUMP = 3.0      # a profile-only cost may exceed the size before it by this many typical steps
 
     def __init__(self, max_gamma: int, profile: dict | None, target, draft_lm):
         self.max_gamma = max_gamma
@@ -41,8 +53,12 @@ class AutoController:
         self.draft_cost = prof.get("draft_cost")
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
+        self.profile_costs = list(self.target_costs)
+        self.timed_at: dict[int, int] = {}   # pass size -> round of its latest online timing
+        self.rounds = 0
         self.paused = 0
         self._probe = self._probing = False
+        self._explored = 0
         self._warm = False  # the first pass includes the prompt prefill: not a cost sample
         self._mark()
 
@@ -59,11 +75,53 @@ class AutoController:
             return 1
         if not self.target_costs or self.draft_cost is None:
             return 1 if len(self.target_costs) < 2 else min(len(self.target_costs) - 1, self.max_gamma)
-        gamma, speedup = best_gamma(self.alphas, self.draft_cost, self.target_costs, self.max_gamma)
+        costs = self.costs()
+        gamma, speedup = best_gamma(self.alphas, self.draft_cost, costs, self.max_gamma)
         if gamma == 0:
             self.paused = self.PAUSE_ROUNDS
             self._probe = True
+            return 0
+        if self.rounds - self._explored >= self.EXPLORE_EVERY:
+            self._explored = self.rounds
+            stale = [g for g in range(1, self.max_gamma + 1) if g != gamma
+                     and self.rounds - self.timed_at.get(g + 1, -self.STALE) >= self.STALE
+                     and predicted_speedup(self.alphas, g, self.draft_cost, costs) >= self.COMPETITIVE * speedup]
+            if stale:
+                return max(stale, key=lambda g: predicted_speedup(self.alphas, g, self.draft_cost, costs))
         return gamma
+
+    def costs(self) -> list[float]:
+        """C_t(k) as decisions read it. Timed sizes as timed. A size known only from the profile is read
+        no higher than (a) the size before it plus MAX_JUMP times the profile's median step, and (b) the
+        line through the two nearest timed sizes below it: one bad calibration cannot hide a size for good
+        (exploration then times it)."""
+        out = list(self.target_costs)
+        steps = sorted(abs(b - a) for a, b in zip(self.profile_costs, self.profile_costs[1:]))
+        jump = self.MAX_JUMP * steps[len(steps) // 2] if steps else None
+        for k in range(2, len(out) + 1):
+            if k in self.timed_at:
+                continue
+            if jump is not None and out[k - 1] > out[k - 2] + jump:
+                out[k - 1] = out[k - 2] + jump
+            below = sorted(j for j in self.timed_at if j < k)[-2:]
+            if len(below) == 2:
+                (j1, j2) = below
+                slope = max(0.0, (out[j2 - 1] - out[j1 - 1]) / (j2 - j1))
+                out[k - 1] = min(out[k - 1], out[j2 - 1] + slope * (k - j2))
+        return out
+
+    def drift(self) -> float | None:
+        """Median ratio of the pass costs timed online to the profile's, over the sizes timed; None before
+        any (or without a profile)."""
+        ratios = sorted(self.target_costs[k - 1] / self.profile_costs[k - 1] for k in self.timed_at
+                        if k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0)
+        return ratios[len(ratios) // 2] if ratios else None
+
+    def learned_profile(self) -> dict:
+        """Costs for a stored profile: timed sizes as timed, the others scaled by the drift."""
+        ratio = self.drift() or 1.0
+        costs = [c if k in self.timed_at else c * ratio for k, c in enumerate(self.target_costs, start=1)]
+        return {"target_costs": costs, "draft_cost": self.draft_cost}
 
     def update(self, gamma: int, accepted: int) -> None:
         t_time = self.target.run_time_s - self._t
@@ -72,10 +130,14 @@ class AutoController:
         if not self._warm:
             self._warm = True
             return
+        self.rounds += 1
         k = gamma + 1
         while len(self.target_costs) < k:
             self.target_costs.append(t_time if not self.target_costs else max(self.target_costs[-1], t_time))
-        self.target_costs[k - 1] += self.DECAY * (t_time - self.target_costs[k - 1])
+        # the first timing of a size replaces the profile's value; later ones are averaged in
+        weight = self.DECAY if k in self.timed_at else 1.0
+        self.target_costs[k - 1] += weight * (t_time - self.target_costs[k - 1])
+        self.timed_at[k] = self.rounds
         if gamma:
             step = d_time / gamma
             self.draft_cost = step if self.draft_cost is None else self.draft_cost + self.DECAY * (step - self.draft_cost)

@@ -351,10 +351,33 @@ class SpeculativeGenerator:
             yield from _events(decoder, new, verdict if counted else Verdict(0, verdict.next_token, False), counted)
             if reason:
                 outcome.append(reason)
+                self._learn(controller)
                 tail = decoder.flush()
                 if tail:
                     yield Event([], tail, "text")
                 return
+
+    DRIFT = 1.25  # costs timed online this far from the stored profile (either way) replace it
+
+    def _learn(self, controller) -> None:
+        """Store the pass costs an auto controller timed when they have drifted from the profile (the
+        profile was measured on a busy machine, or the machine changed): a re-calibration for free."""
+        drift = getattr(controller, "drift", lambda: None)()
+        if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
+            return
+        if sum(1 for _ in controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
+            return  # too little evidence
+        from .calibrate import save_profile
+        learned = controller.learned_profile()
+        stored = dict(self._profile, relearned_from_drift=round(drift, 3))
+        old = list(self._profile.get("target_costs") or [])
+        # C_t(1) stays as measured (bitwise decoding times two-position passes in its place), and only a model
+        # drafter's timings say anything about the draft's step
+        stored["target_costs"] = old[:1] + learned["target_costs"][1:]
+        if controller.draft_lm is not None and learned["draft_cost"] is not None:
+            stored["draft_cost"] = learned["draft_cost"]
+        self._profile = stored
+        save_profile(self.bundle.root, self.target.provider, stored)
 
     def _draft(self, committed, gamma, pipe, sampling, rng, stats) -> Draft:
         if gamma < 1:

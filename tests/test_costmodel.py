@@ -140,3 +140,77 @@ def test_per_position_acceptance_is_conditional_on_reaching_the_position():
     assert s.reached_at == [2, 2, 1, 1] and s.accepted_at == [2, 1, 1, 1]
     assert s.per_position_acceptance == [1.0, 0.5, 1.0, 1.0]
     assert s.tokens_per_round == 3.5
+
+
+def _simulate(ctl, target, draft, true_costs, draft_cost, alpha, rounds, seed=0):
+    """Decode ``rounds`` rounds on a fake clock; tokens per unit time over the second half."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    ctl.update(1, 0)  # the prefill round: not a cost sample
+    tokens = time = 0.0
+    for r in range(rounds):
+        g = ctl.choose()
+        accepted = 0
+        while accepted < g and rng.random() < alpha:
+            accepted += 1
+        cost = true_costs[g] + g * draft_cost
+        target.run_time_s += true_costs[g]
+        draft.run_time_s += g * draft_cost
+        ctl.update(g, accepted)
+        if r >= rounds // 2:
+            tokens += accepted + 1
+            time += cost
+    return tokens / time
+
+
+@pytest.mark.parametrize("corrupt", ["busy_tail", "busy_head"])
+def test_auto_is_not_fooled_by_a_profile_taken_under_load(corrupt):
+    """Pass costs for 5..9 positions calibrated while the machine was busy (3x too high; a case seen on the
+    Qwen pair), or for 2..4 (2.5x). Auto must still end up within 5% of the best fixed draft length; for the
+    first, the old controller (no exploration, no smoothness prior) stays stuck at gamma 3 — the negative
+    control that shows this test can fail."""
+    true = [1.0 + 0.06 * k for k in range(9)]          # C_t(k), k = 1..9
+    draft_cost, alpha = 0.08, 0.85
+    best = max(predicted_speedup([alpha] * 8, g, draft_cost, true) for g in range(1, 9))
+    bad = list(true)
+    if corrupt == "busy_tail":
+        bad[4:] = [3 * c for c in bad[4:]]
+    else:
+        bad[1:4] = [2.5 * c for c in bad[1:4]]
+    profile = {"target_costs": bad, "draft_cost": draft_cost, "alphas": [alpha] * 8}
+
+    def rate(**overrides):
+        target, draft = FakeLM(), FakeLM()
+        ctl = AutoController(8, dict(profile), target, draft)
+        for k, v in overrides.items():
+            setattr(ctl, k, v)
+        return _simulate(ctl, target, draft, true, draft_cost, alpha, 1200), ctl
+
+    target_only = 1 / true[0]
+    got, ctl = rate()
+    assert got / target_only >= 0.95 * best
+    assert ctl.drift() is not None
+    if corrupt == "busy_tail":  # where the old controller never drafts 4+ tokens again
+        stuck, _ = rate(EXPLORE_EVERY=10**9, MAX_JUMP=1e9)
+        assert stuck / target_only < 0.95 * best
+
+
+def test_drifted_costs_are_stored_as_the_new_profile(llama_bundle, tmp_path):
+    """A profile whose pass costs are 10x what decoding measures is replaced after an auto generation."""
+    import json
+    import shutil
+    from ortspec import SpeculativeGenerator
+    from ortspec.calibrate import PROFILE_FILE, load_profile
+    bundle = tmp_path / "b"
+    shutil.copytree(llama_bundle, bundle)
+    gen = SpeculativeGenerator.load(bundle)
+    real = dict(gen.profile())
+    fake = dict(real, target_costs=[10 * c for c in real["target_costs"]])
+    gen._profile = fake
+    (bundle / PROFILE_FILE).unlink()
+    gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=120, num_draft_tokens="auto", eos_token_id=[])
+    stored = load_profile(bundle, gen.target.provider)
+    assert stored is not None and stored["relearned_from_drift"] < 0.8
+    assert stored["target_costs"][0] == fake["target_costs"][0]  # C_t(1) is not learned from bitwise steps
+    assert max(stored["target_costs"][1:]) < 0.8 * max(fake["target_costs"][1:])
+    assert json.loads((bundle / PROFILE_FILE).read_text())

@@ -55,6 +55,7 @@ class AutoController:
         self.target, self.draft_lm = target, draft_lm
         self.profile_costs = list(self.target_costs)
         self.timed_at: dict[int, int] = {}   # pass size -> round of its latest online timing
+        self.timed_count: dict[int, int] = {}
         self.rounds = 0
         self.paused = 0
         self._probe = self._probing = False
@@ -95,9 +96,11 @@ class AutoController:
         no higher than (a) the size before it plus MAX_JUMP times the profile's median step, and (b) the
         line through the two nearest timed sizes below it: one bad calibration cannot hide a size for good
         (exploration then times it)."""
-        out = list(self.target_costs)
+        return self._smoothed(list(self.target_costs), 1.0)
+
+    def _smoothed(self, out: list[float], scale: float) -> list[float]:
         steps = sorted(abs(b - a) for a, b in zip(self.profile_costs, self.profile_costs[1:]))
-        jump = self.MAX_JUMP * steps[len(steps) // 2] if steps else None
+        jump = self.MAX_JUMP * scale * steps[len(steps) // 2] if steps else None
         for k in range(2, len(out) + 1):
             if k in self.timed_at:
                 continue
@@ -113,15 +116,30 @@ class AutoController:
     def drift(self) -> float | None:
         """Median ratio of the pass costs timed online to the profile's, over the sizes timed; None before
         any (or without a profile)."""
-        ratios = sorted(self.target_costs[k - 1] / self.profile_costs[k - 1] for k in self.timed_at
-                        if k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0)
+        ratios = sorted(self._ratios().values())
         return ratios[len(ratios) // 2] if ratios else None
 
+    def worst_drift(self) -> float | None:
+        """The timed/profile cost ratio farthest from 1 among sizes timed at least 3 times (one bad size)."""
+        ratios = [r for k, r in self._ratios().items() if self.timed_count.get(k, 0) >= 3]
+        return max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
+
+    def _ratios(self) -> dict[int, float]:
+        return {k: self.target_costs[k - 1] / self.profile_costs[k - 1] for k in self.timed_at
+                if k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0}
+
     def learned_profile(self) -> dict:
-        """Costs for a stored profile: timed sizes as timed, the others scaled by the drift."""
-        ratio = self.drift() or 1.0
-        costs = [c if k in self.timed_at else c * ratio for k, c in enumerate(self.target_costs, start=1)]
-        return {"target_costs": costs, "draft_cost": self.draft_cost}
+        """Costs for a stored profile: timed sizes as timed; each other size scaled by the drift of the
+        nearest timed size, then read through the same prior as decisions (so a size that was off alone is
+        repaired from its neighbours)."""
+        ratios = self._ratios()
+        base = []
+        for k, c in enumerate(self.target_costs, start=1):
+            if k in self.timed_at or not ratios:
+                base.append(c)
+            else:
+                base.append(c * ratios[min(ratios, key=lambda j: (abs(j - k), j))])
+        return {"target_costs": self._smoothed(base, self.drift() or 1.0), "draft_cost": self.draft_cost}
 
     def update(self, gamma: int, accepted: int) -> None:
         t_time = self.target.run_time_s - self._t
@@ -138,6 +156,7 @@ class AutoController:
         weight = self.DECAY if k in self.timed_at else 1.0
         self.target_costs[k - 1] += weight * (t_time - self.target_costs[k - 1])
         self.timed_at[k] = self.rounds
+        self.timed_count[k] = self.timed_count.get(k, 0) + 1
         if gamma:
             step = d_time / gamma
             self.draft_cost = step if self.draft_cost is None else self.draft_cost + self.DECAY * (step - self.draft_cost)

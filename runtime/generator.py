@@ -362,7 +362,7 @@ class SpeculativeGenerator:
     def _learn(self, controller) -> None:
         """Store the pass costs an auto controller timed when they have drifted from the profile (the
         profile was measured on a busy machine, or the machine changed): a re-calibration for free."""
-        drift = getattr(controller, "drift", lambda: None)()
+        drift = getattr(controller, "worst_drift", lambda: None)()
         if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
             return
         if sum(1 for _ in controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:

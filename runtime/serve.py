@@ -300,6 +300,7 @@ class Engine:
         self.cancelled = 0
         self.last: dict | None = None
         self.created = int(time.time())
+        self._live: set = set()  # tickets admitted and not finished
 
     def generator(self, drafter: str | None) -> SpeculativeGenerator:
         name = drafter or self.gen.drafter.name
@@ -342,6 +343,7 @@ class Engine:
                                     "(--max-queue); retry later", code="queue_full")
             self.admitted += 1
         ticket = Ticket(job, stream, loop)
+        self._live.add(ticket)
         self._pool.submit(self._run, ticket)
         return ticket
 
@@ -358,6 +360,7 @@ class Engine:
             ticket.put(("error", exc))
         finally:
             self.running = False
+            self._live.discard(ticket)
             with self._count_lock:
                 self.admitted -= 1
 
@@ -407,6 +410,9 @@ class Engine:
                 "served": self.served, "cancelled": self.cancelled, "last": self.last}
 
     def close(self) -> None:
+        """Server shutdown: stop the running generation within a round and drop the waiting ones."""
+        for ticket in list(self._live):
+            ticket.cancel.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

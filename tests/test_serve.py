@@ -391,6 +391,23 @@ def test_api_key_queue_limit_and_timeout(guarded):
     wait_idle(guarded)
 
 
+def test_stopping_the_server_stops_a_running_generation(serve_bundle, tmp_path):
+    proc, url = start_server(serve_bundle, tmp_path / "server.log")
+    try:
+        conn, resp = open_stream(url, {"model": MODEL, "messages": CHAT, **LONG})
+        assert resp.status == 200 and resp.readline()
+        deadline = time.monotonic() + 60
+        while health(url)["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.terminate()
+        proc.wait(timeout=12)  # the generation alone would take ~15 s more; shutdown cancels it
+        assert proc.returncode is not None
+        conn.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 # -- parsing (no server) ---------------------------------------------------------------------------------------
 
 def test_silent_fields_take_the_bundles_defaults():

@@ -213,7 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", required=True, help="the bundle to compare against (same tokenizer)")
     p.add_argument("--text", default=None, help="text file (default: the shipped tools/prompts/quality.txt)")
     p.add_argument("--tokens", type=int, default=400, help="tokens of the text to use (default 400)")
-    p.add_argument("--model", default="target", choices=["target", "draft"], help="which model of each bundle")
+    p.add_argument("--model", default="target", choices=["target", "draft"], help="which model of BUNDLE")
+    p.add_argument("--reference-model", default=None, choices=["target", "draft"],
+                   help="which model of the reference (default: the same as --model); a draft against its own "
+                        "target: BUNDLE --model draft --reference BUNDLE --reference-model target")
     p.add_argument("--provider", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true")
@@ -344,7 +347,7 @@ def cmd_quality(args) -> int:
     except OSError as exc:
         raise ValueError(f"cannot read --text {path}: {exc.strerror}") from None
     report = compare_models(args.bundle, args.reference, text, tokens=args.tokens, provider=args.provider,
-                            threads=args.threads, which=args.model,
+                            threads=args.threads, which=args.model, reference_which=args.reference_model,
                             progress=lambda d, n: print(f"\r[ortspec quality] {d}/{n} positions", end="",
                                                         file=sys.stderr, flush=True))
     print(file=sys.stderr)

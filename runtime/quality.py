@@ -22,25 +22,30 @@ def _log_softmax(rows: np.ndarray) -> np.ndarray:
 
 
 def compare_models(candidate: str, reference: str, text: str, tokens: int = 400, provider: str = "cpu",
-                   threads: int | None = None, which: str = "target", progress=None) -> dict:
-    """Teacher-force the first ``tokens`` tokens of ``text`` through both bundles' ``which`` models
-    ("target" or "draft") and compare their next-token distributions position by position."""
+                   threads: int | None = None, which: str = "target", progress=None,
+                   reference_which: str | None = None) -> dict:
+    """Teacher-force the first ``tokens`` tokens of ``text`` through the candidate bundle's ``which`` model
+    ("target" or "draft") and the reference bundle's ``reference_which`` (default: the same role), and
+    compare their next-token distributions position by position. A bundle's draft against its own target
+    is ``compare_models(b, b, text, which="draft", reference_which="target")``."""
     from .bundle import load_bundle
     from .model import CausalLM
     from .text import TextCodec
 
-    if which not in ("target", "draft"):
-        raise ValueError(f"which must be 'target' or 'draft', got {which!r}")
+    reference_which = reference_which or which
+    for role in (which, reference_which):
+        if role not in ("target", "draft"):
+            raise ValueError(f"the model must be 'target' or 'draft', got {role!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
         raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
     lms, names = [], []
-    for root in (candidate, reference):
+    for root, role in ((candidate, which), (reference, reference_which)):
         b = load_bundle(root)
-        spec = getattr(b, which) if which == "target" else b.draft
+        spec = b.target if role == "target" else b.draft
         if spec is None:
-            raise ValueError(f"bundle {root} has no {which} model")
+            raise ValueError(f"bundle {root} has no {role} model")
         lms.append(CausalLM(spec, str(b.file(spec.path)), provider, threads))
-        names.append(f"{Path(root).name} {which}")
+        names.append(f"{Path(root).name} {role}")
         if len(lms) == 1:
             if b.tokenizer_file is None:
                 raise ValueError(f"bundle {root} has no tokenizer to read the text with")

@@ -173,3 +173,8 @@ def test_quality_of_a_model_against_itself_and_a_noisier_copy(llama_bundle, tmp_
     assert json.loads(proc.stdout)["top1_agreement"] == 1.0
     with pytest.raises(ValueError, match="tokens"):
         compare_models(str(llama_bundle), str(llama_bundle), text, tokens=1)
+    # the INT4 self-draft of a random model against its own fp32 target: a different model
+    own = compare_models(str(llama_bundle), str(llama_bundle), text, tokens=80, which="draft",
+                         reference_which="target")
+    assert own["candidate"].endswith("draft") and own["reference"].endswith("target")
+    assert own["mean_kl"] > 0.01 and own["top1_agreement"] < 1.0

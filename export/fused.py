@@ -121,12 +121,14 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
         return np.concatenate([sd[k] for k in keys], axis=0).T
 
     sums: dict[tuple[str, int], str] = {}
+    sum_shapes: set[int] = set()
 
     def block_sums(x: str, block: int) -> str:
         """Per-block sums of the last axis of x ([1, S, K] -> [1, S, K / block]), made once per input."""
         if (x, block) not in sums:
             shape = f"blocksum.shape{block}"
-            if shape not in {t.name for t in inits}:
+            if block not in sum_shapes:
+                sum_shapes.add(block)
                 inits.append(numpy_helper.from_array(np.array([0, 0, -1, block], np.int64), shape))
             node("Reshape", [x, shape], [f"{x}.blocks{block}"])
             node("ReduceSum", [f"{x}.blocks{block}", "axis.last"], [f"{x}.sums{block}"], keepdims=0)

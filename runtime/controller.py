@@ -54,6 +54,8 @@ class AutoController:
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
         self.profile_costs = list(self.target_costs)
+        steps = sorted(abs(b - a) for a, b in zip(self.profile_costs, self.profile_costs[1:]))
+        self._typical_step = steps[len(steps) // 2] if steps else None  # the profile's median step
         self.timed_at: dict[int, int] = {}   # pass size -> round of its latest online timing
         self.timed_count: dict[int, int] = {}
         self.rounds = 0
@@ -99,8 +101,7 @@ class AutoController:
         return self._smoothed(list(self.target_costs), 1.0)
 
     def _smoothed(self, out: list[float], scale: float) -> list[float]:
-        steps = sorted(abs(b - a) for a, b in zip(self.profile_costs, self.profile_costs[1:]))
-        jump = self.MAX_JUMP * scale * steps[len(steps) // 2] if steps else None
+        jump = None if self._typical_step is None else self.MAX_JUMP * scale * self._typical_step
         for k in range(2, len(out) + 1):
             if k in self.timed_at:
                 continue

@@ -365,7 +365,7 @@ class SpeculativeGenerator:
         drift = getattr(controller, "worst_drift", lambda: None)()
         if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
             return
-        if sum(1 for _ in controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
+        if len(controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
             return  # too little evidence
         from .calibrate import save_profile
         learned = controller.learned_profile()

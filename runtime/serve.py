@@ -294,13 +294,12 @@ class Engine:
         self._siblings = {gen.drafter.name: gen}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortspec-generate")
         self._count_lock = threading.Lock()
-        self.admitted = 0       # waiting + running
+        self._live: set = set()  # tickets admitted and not finished: waiting + running
         self.running = False
         self.served = 0
         self.cancelled = 0
         self.last: dict | None = None
         self.created = int(time.time())
-        self._live: set = set()  # tickets admitted and not finished
 
     def generator(self, drafter: str | None) -> SpeculativeGenerator:
         name = drafter or self.gen.drafter.name
@@ -317,14 +316,14 @@ class Engine:
         if gen.codec is None and "input_ids" not in job.source:
             raise ApiError(400, "this model has no tokenizer: send prompt as a list of token ids to /v1/completions",
                            "prompt")
-        capacity = gen.target.capacity
+        capacity, param = gen.target.capacity, "messages" if job.kind == "chat" else "prompt"
         try:
             ids = gen.encode_prompt(**job.source)
         except (ValueError, OrtspecError) as exc:
-            raise ApiError(400, str(exc), "messages" if job.kind == "chat" else "prompt") from None
+            raise ApiError(400, str(exc), param) from None
         if len(ids) > capacity:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this model's context is {capacity} tokens",
-                           "messages" if job.kind == "chat" else "prompt", "context_length_exceeded")
+                           param, "context_length_exceeded")
         room = capacity - len(ids) + 1  # the last new token is never fed
         if job.max_tokens is not None and job.max_tokens > room:
             raise ApiError(400, f"this model's context is {capacity} tokens; the prompt uses {len(ids)}, so "
@@ -337,13 +336,12 @@ class Engine:
             raise ApiError(400, str(exc)) from None
 
     def submit(self, job: Job, stream, loop) -> Ticket:
+        ticket = Ticket(job, stream, loop)
         with self._count_lock:
-            if self.admitted > self.max_queue:  # one running + max_queue waiting
+            if len(self._live) > self.max_queue:  # one running + max_queue waiting
                 raise ApiError(429, f"the server is busy: {self.max_queue} requests are already waiting "
                                     "(--max-queue); retry later", code="queue_full")
-            self.admitted += 1
-        ticket = Ticket(job, stream, loop)
-        self._live.add(ticket)
+            self._live.add(ticket)
         self._pool.submit(self._run, ticket)
         return ticket
 
@@ -360,9 +358,8 @@ class Engine:
             ticket.put(("error", exc))
         finally:
             self.running = False
-            self._live.discard(ticket)
             with self._count_lock:
-                self.admitted -= 1
+                self._live.discard(ticket)
 
     def _generate(self, ticket: Ticket) -> None:
         stream, stop = ticket.stream, StopText(ticket.job.stop)
@@ -381,13 +378,12 @@ class Engine:
                     break
         finally:
             stream.close()  # ends the generation and releases the generator's lock
+        stats, why = stream.result
         if reason is None:
             tail = stop.flush()
             if tail:
                 ticket.put(("text", tail))
-            stats, why = stream.result
             reason = "length" if why == "length" else "stop"
-        stats = stream.result[0]
         self._finish(ticket, Outcome(reason, len(stream.prompt_ids), tokens, _stats_field(stats, ticket),
                                      time.perf_counter() - t0))
 
@@ -406,12 +402,14 @@ class Engine:
 
     def health(self) -> dict:
         return {"status": "ok", "model": self.model_id, "running": int(self.running),
-                "waiting": max(0, self.admitted - int(self.running)), "max_queue": self.max_queue,
+                "waiting": max(0, len(self._live) - int(self.running)), "max_queue": self.max_queue,
                 "served": self.served, "cancelled": self.cancelled, "last": self.last}
 
     def close(self) -> None:
         """Server shutdown: stop the running generation within a round and drop the waiting ones."""
-        for ticket in list(self._live):
+        with self._count_lock:
+            live = list(self._live)
+        for ticket in live:
             ticket.cancel.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -522,6 +520,7 @@ def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAU
               Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{name:path}", model, methods=["GET"]),
               Route("/health", health, methods=["GET"])]
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
@@ -551,7 +550,7 @@ async def _collect(ticket: Ticket, engine: Engine, request) -> dict:
             if kind == "text":
                 parts.append(value)
             elif kind == "error":
-                raise ApiError(500, f"generation failed ({type(value).__name__}: {value})")
+                raise _failed(value)
             else:
                 return _response(ticket.job, "".join(parts), value)
     finally:
@@ -567,6 +566,10 @@ async def _watch_disconnect(request, ticket: Ticket) -> None:
         await asyncio.sleep(0.1)
 
 
+def _failed(exc: Exception) -> ApiError:
+    return ApiError(500, f"generation failed ({type(exc).__name__}: {exc})")
+
+
 def _finish_reason(outcome: Outcome) -> str:
     return "length" if outcome.finish_reason == "length" else "stop"
 
@@ -576,30 +579,27 @@ def _usage(outcome: Outcome) -> dict:
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
 
 
+def _envelope(job: Job, choice: dict, chunk: bool, **extra) -> dict:
+    """An OpenAI response or stream chunk around one choice."""
+    chat = job.kind == "chat"
+    obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    return {"id": ("chatcmpl-" if chat else "cmpl-") + job.id, "object": obj, "created": job.created,
+            "model": job.model, "choices": [dict(choice, index=0, logprobs=None)], **extra}
+
+
 def _response(job: Job, text: str, outcome: Outcome) -> dict:
-    if job.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": _finish_reason(outcome)}
-        obj, prefix = "chat.completion", "chatcmpl-"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish_reason(outcome)}
-        obj, prefix = "text_completion", "cmpl-"
-    return {"id": prefix + job.id, "object": obj, "created": job.created, "model": job.model,
-            "choices": [choice], "usage": _usage(outcome), "ortspec": outcome.stats}
+    body = {"message": {"role": "assistant", "content": text}} if job.kind == "chat" else {"text": text}
+    return _envelope(job, dict(body, finish_reason=_finish_reason(outcome)), False, usage=_usage(outcome),
+                     ortspec=outcome.stats)
 
 
 def _chunk(job: Job, text: str | None, finish: str | None, first: bool = False, extra: dict | None = None) -> dict:
     if job.kind == "chat":
         delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        obj, prefix = "chat.completion.chunk", "chatcmpl-"
+        body = {"delta": delta}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        obj, prefix = "text_completion", "cmpl-"
-    out = {"id": prefix + job.id, "object": obj, "created": job.created, "model": job.model, "choices": [choice]}
-    if extra:
-        out.update(extra)
-    return out
+        body = {"text": text or ""}
+    return _envelope(job, dict(body, finish_reason=finish), True, **(extra or {}))
 
 
 def _event(data) -> bytes:
@@ -622,7 +622,7 @@ async def _sse(ticket: Ticket, engine: Engine):
             if kind == "text":
                 yield _event(_chunk(job, value, None))
             elif kind == "error":
-                yield _event(ApiError(500, f"generation failed ({type(value).__name__}: {value})").body())
+                yield _event(_failed(value).body())
                 break
             else:
                 yield _event(_chunk(job, None if job.kind == "chat" else "", _finish_reason(value),

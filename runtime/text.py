@@ -21,8 +21,7 @@ class TextCodec:
 
     def encode(self, text: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
-            return self.encode_messages(([{"role": "system", "content": system}] if system else [])
-                                        + [{"role": "user", "content": text}])
+            return self.tokenizer.encode(self.render_chat(text, system), add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
     def encode_messages(self, messages: Sequence[dict]) -> list[int]:

@@ -80,7 +80,7 @@ class ModelDrafter:
         tokens: list[int] = []
         dists = []
         for _ in range(gamma):
-            logits = self.lm.forward(feed, keep=1)
+            logits = self.lm.forward_rows(feed, keep=1)
             if sampling:
                 q = pipeline.row(logits[0], committed, tokens, inplace=True)
                 tok = q.sample(rng)

@@ -240,6 +240,8 @@ class MemoLM:
         self.tokens = full
         return out
 
+    forward_rows = forward  # memoized rows live on the host
+
     def reference_logits(self, ids) -> np.ndarray:
         return self.lm.reference_logits(ids)
 

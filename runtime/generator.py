@@ -16,7 +16,7 @@ from .controller import make_controller
 from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
 from .logits import Dist, LogitsPipeline, Scratch
-from .model import CausalLM, check_thread_pool
+from .model import LOGITS_PLACES, CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, verify_dists
 
@@ -171,12 +171,17 @@ class SpeculativeGenerator:
     @classmethod
     def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str = "model",
              threads: int | None = None, verify: str = "full",
-             thread_pool: str = "session") -> "SpeculativeGenerator":
+             thread_pool: str = "session", logits: str = "auto") -> "SpeculativeGenerator":
         """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none".
 
         thread_pool: "session" (a thread pool per model, onnxruntime's default) or "shared" (both models on
         onnxruntime's process-wide pool: faster, as the draft and target alternate; but onnxruntime then
         requires every later session in the process to use it, and export must run in another process).
+
+        logits: where a decoding round's logits rows stay. "device" leaves them on the execution provider's
+        device and reads only each row's largest entries there (greedy and top-k sampling; other settings
+        copy the rows); "host" copies every row; "auto" (default) is "device" on CUDA and "host" on the CPU.
+        Output is the same bits either way.
         """
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise ValueError(f"bundle_dir must be a path, got {type(bundle_dir).__name__}")
@@ -186,6 +191,8 @@ class SpeculativeGenerator:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         check_thread_pool(thread_pool)
+        if logits not in LOGITS_PLACES:
+            raise ValueError(f"logits must be one of {', '.join(LOGITS_PLACES)}, got {logits!r}")
         bundle = load_bundle(bundle_dir, verify=verify)
         if (bundle.target.quantization or {}).get("method") == "int8":
             warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
@@ -195,13 +202,13 @@ class SpeculativeGenerator:
             raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
                               "'none', or export with --draft")
         target = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads,
-                          thread_pool=thread_pool)
+                          thread_pool=thread_pool, logits=logits)
         codec = TextCodec(bundle.tokenizer_file, bundle.tokenizer_config) if bundle.tokenizer_file else None
         disabled = False
         if drafter == "model":
             try:
                 impl = ModelDrafter(CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
-                                             thread_pool=thread_pool))
+                                             thread_pool=thread_pool, logits=logits))
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
             except Exception as exc:
@@ -330,7 +337,7 @@ class SpeculativeGenerator:
                 draft = Draft(guess, [Dist.one_hot(t) for t in guess] if sampling else None)
             counted = 0 if free else len(draft.tokens)  # free guesses stay out of the drafter's statistics
             # 3. One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma+1 rows.
-            rows = target.forward(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
+            rows = target.forward_rows(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
             raw = rows.copy() if req.strict else None  # verification may rewrite rows in place
             # 4. Verify left to right; the next token is a correction or the bonus.
             verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats if counted else None)

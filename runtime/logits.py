@@ -194,9 +194,17 @@ class LogitsPipeline:
 
     def greedy(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """Greedy choice per row: argmax of processed scores, lowest index on ties."""
+        if hasattr(logits, "top"):  # DeviceRows
+            return np.array([self._device_greedy(logits[i], base, new[:i]) for i in range(len(logits))])
         if self.config.repetition_penalty == 1.0 and not self.config.bad_words_ids:
             return np.argmax(logits[:, : self.vocab_size], axis=1)  # float32 -> float64 keeps the order
         return np.argmax(self.scores(logits, base, new), axis=1)
+
+    def _device_greedy(self, drow, base: Sequence[int], new: Sequence[int]) -> int:
+        found = self._device_top(drow, 1, base, new, np.float64)
+        if found is None or not np.isfinite(found[2]):
+            return int(self.greedy(drow.numpy()[None], base, new)[0])
+        return int(found[0].min())  # the lowest id among the ties of the largest
 
     def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
         """Distinct ids of base + new. A context that extends the last one (as a request's does, round after
@@ -215,14 +223,20 @@ class LogitsPipeline:
 
     def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
-        cfg = self.config
-        ids = np.zeros(0, dtype=np.int64)
-        values = np.zeros(0, dtype=row.dtype)
-        if cfg.repetition_penalty != 1.0:
-            ids = self._seen_tokens(base, new)
-            picked = row[ids]
-            values = np.where(picked < 0, picked * cfg.repetition_penalty, picked / cfg.repetition_penalty)
-            values = values.astype(row.dtype)
+        seen = self._seen_tokens(base, new) if self.config.repetition_penalty != 1.0 else np.zeros(0, np.int64)
+        banned = self._banned_now(base, new)
+        ids = np.concatenate([seen, banned]) if banned.size else seen
+        values = np.concatenate([self._penalize(row[seen]), np.full(banned.size, -np.inf, dtype=row.dtype)])
+        return ids, values.astype(row.dtype)
+
+    def _penalize(self, values: np.ndarray) -> np.ndarray:
+        """Repetition penalty (as transformers): positive scores divided by it, negative ones multiplied."""
+        theta = self.config.repetition_penalty
+        return np.where(values < 0, values * theta, values / theta).astype(values.dtype)
+
+    def _banned_now(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
+        """Ids banned at this position: single-token bad words, and the last token of each longer bad word
+        whose other tokens end the context."""
         banned = list(self._banned)
         if self._multi:
             context = [int(t) for t in base[-16:]] + [int(t) for t in new]  # enough for any short ban
@@ -230,16 +244,51 @@ class LogitsPipeline:
                 prefix = list(word[:-1])
                 if word[-1] < self.vocab_size and context[len(context) - len(prefix):] == prefix:
                     banned.append(word[-1])
-        if banned:
-            ids = np.concatenate([ids, np.asarray(banned, dtype=np.int64)])
-            values = np.concatenate([values, np.full(len(banned), -np.inf, dtype=row.dtype)])
-        return ids, values
+        return np.asarray(banned, dtype=np.int64)
+
+    # -- rows left on the device (DeviceRow: the largest entries and a bound on the rest) ------------------
+    TOP_MARGIN = 16  # entries read beyond the k a rule needs, for those the processors push down
+
+    def _device_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32):
+        """The processed scores of a device row's largest entries when they decide its top ``k`` exactly:
+        (ids, scores, kth), every id whose score is >= kth, the k-th largest; None when the row must be read
+        in full (a processor may raise scores, or the entries read do not settle the k-th largest). Scores are
+        processed in ``dtype``, as the host path does (float32 for ``row``, float64 for ``greedy``).
+
+        Processors only lower scores (penalty >= 1, bans), so an entry that was not read scores at most the
+        bound the device returns; when the k-th largest processed score read is above that bound, the entries
+        read at or above it are exactly those the full row would keep.
+        """
+        if self.config.repetition_penalty < 1.0:
+            return None
+        ids, vals, bound = drow.top(k + self.TOP_MARGIN)
+        inside = ids < self.vocab_size
+        ids, vals = ids[inside], vals[inside].astype(dtype)
+        if self.config.repetition_penalty != 1.0:
+            hit = np.isin(ids, self._seen_tokens(base, new))
+            vals[hit] = self._penalize(vals[hit])
+        banned = self._banned_now(base, new)
+        if banned.size:
+            vals[np.isin(ids, banned)] = -np.inf
+        if ids.size < k:
+            return None
+        kth = np.partition(vals, ids.size - k)[ids.size - k]
+        if not kth > bound:
+            return None
+        keep = vals >= kth
+        return ids[keep], vals[keep], kth
 
     # -- warpers (sampling) -----------------------------------------------
     def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
         """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
         (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
         cfg = self.config
+        if hasattr(logits, "top"):  # a DeviceRow
+            if cfg.top_k and cfg.top_k < self.vocab_size:
+                found = self._device_top(logits, cfg.top_k, base, new)
+                if found is not None and np.isfinite(found[2]):
+                    return self._sparse(found[0], found[1])
+            logits, inplace = logits.numpy(), False  # settings without top-k read the whole row
         scores = np.asarray(logits)[: self.vocab_size]
         if scores.dtype != np.float32:
             scores, inplace = scores.astype(np.float32), True
@@ -276,7 +325,10 @@ class LogitsPipeline:
         return np.stack([self.row(logits[i], base, new[:i]).dense(self.vocab_size) for i in range(len(logits))])
 
     def _sparse(self, ids: np.ndarray, scores: np.ndarray) -> Dist:
-        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p."""
+        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p.
+        Computed in id order, so the same candidates give the same bits however they were found."""
+        order = np.argsort(ids)
+        ids, scores = ids[order], scores[order]
         x = scores.astype(np.float64) / self.config.temperature
         e = np.exp(x - x.max())
         return self._top_p(ids, e / e.sum())

@@ -32,12 +32,18 @@ import time
 from typing import Sequence
 
 import numpy as np
-import onnxruntime as ort
+
+try:
+    import onnxruntime as ort
+except ImportError as exc:  # the base install leaves the choice of build to an extra
+    raise ImportError("ortspec needs onnxruntime, which is not installed: pip install 'ortspec[cpu]' for the CPU, "
+                      "or 'ortspec[cuda]' for NVIDIA GPUs (one of the two, never both)") from exc
 
 from .bundle import ModelSpec
 from .errors import CacheOverflowError, ModelRunError, ProviderUnavailableError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+LOGITS_PLACES = ("auto", "host", "device")
 _ELEM = {"float32": 1, "float16": 10}
 _NP = {"float32": np.float32, "float16": np.float16}
 
@@ -103,16 +109,45 @@ def session_options(threads: int | None, thread_pool: str = "session") -> ort.Se
     return so
 
 
+GPU_INSTALL = "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'ortspec[cuda]'"
+
+
+def installed_builds() -> list[str]:
+    """The onnxruntime distributions installed (they all provide the one `onnxruntime` package)."""
+    from importlib import metadata
+    found = []
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            metadata.distribution(name)
+            found.append(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
 def providers_for(provider: str) -> list:
     if provider not in PROVIDERS:
         raise ValueError(f"provider must be 'cpu' or 'cuda', got {provider!r}")
     name = PROVIDERS[provider]
     if name not in ort.get_available_providers():
-        raise ProviderUnavailableError(
-            f"onnxruntime has no {name} here (available: {', '.join(ort.get_available_providers())}); "
-            "install the GPU build with `pip install ortspec[cuda]` (onnxruntime-gpu) and a matching CUDA, "
-            "or use provider='cpu'")
+        raise ProviderUnavailableError(_missing_provider(name))
     return [name] if provider == "cpu" else [name, "CPUExecutionProvider"]
+
+
+def _missing_provider(name: str, loaded: bool = True) -> str:
+    """What to do when onnxruntime cannot run ``name``: the fix depends on which builds are installed."""
+    builds = installed_builds()
+    here = f"onnxruntime {ort.__version__} ({' + '.join(builds) or 'unknown build'})"
+    if name != PROVIDERS["cuda"]:
+        return f"{here} has no {name}"
+    if len(builds) > 1:
+        return (f"{here}: both builds are installed and overwrite each other's files, so which one runs is "
+                f"accidental; keep only the GPU build: {GPU_INSTALL}")
+    if "onnxruntime-gpu" not in builds or loaded:
+        return (f"{here} has no CUDAExecutionProvider (available: {', '.join(ort.get_available_providers())}); "
+                f"install the GPU build in place of the CPU one: {GPU_INSTALL}; or use provider='cpu'")
+    return (f"{here} offers CUDA but could not start it (missing or mismatched CUDA/cuDNN libraries: onnxruntime-gpu "
+            "1.31+ needs CUDA 13 and cuDNN 9; its log above names the library); or use provider='cpu'")
 
 
 class CausalLM:
@@ -130,9 +165,11 @@ class CausalLM:
     ROW_TILE = 32
 
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
-                 threads: int | None = None, trim: str = "auto", thread_pool: str = "session"):
+                 threads: int | None = None, trim: str = "auto", thread_pool: str = "session",
+                 logits: str = "auto"):
         self.spec = spec
         self._subset = [tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None
+        self._columns = None  # token id of each logits column (vocab-subset drafts), built on first use
         self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
         providers = providers_for(provider)
@@ -141,6 +178,8 @@ class CausalLM:
             self.session = ort.InferenceSession(model_path, so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ModelRunError(f"onnxruntime cannot load {model_path}: {exc}") from None
+        if providers[0] not in self.session.get_providers():  # onnxruntime falls back to the CPU with a warning
+            raise ProviderUnavailableError(_missing_provider(providers[0], loaded=False))
         self._check_graph_names()
         if trim not in ("auto", "graph", "host"):
             raise ValueError(f"trim must be 'auto', 'graph' or 'host', got {trim!r}")
@@ -150,6 +189,15 @@ class CausalLM:
         needs_trimmer = spec.kv_cache == "concat" and not self._host_trim
         self._trimmer = None if not needs_trimmer else ort.InferenceSession(
             kv_trim_graph(2 * spec.num_layers, _ELEM[spec.dtype]), session_options(1, thread_pool), providers=providers)
+        if logits not in LOGITS_PLACES:
+            raise ValueError(f"logits must be one of {', '.join(LOGITS_PLACES)}, got {logits!r}")
+        # Where the rows a decoding round reads stay: "device" keeps them where the graph wrote them and the host
+        # reads only the largest entries of each row (DeviceRows); "host" copies every kept row. auto: device on
+        # a GPU, host on the CPU provider (there host memory is the device, and numpy reads rows in place).
+        self.logits_on_device = logits == "device" or (logits == "auto" and self.device != "cpu")
+        self._topk = ort.InferenceSession(topk_graph(_ELEM[spec.dtype]), session_options(1, thread_pool),
+                                          providers=providers) if self.logits_on_device else None
+        self.rows_read = self.rows_copied = 0  # device rows: read through their top entries / copied in full
         self._kv_in = [n for pair in spec.kv_inputs for n in pair]
         self._kv_out = [n for pair in spec.kv_outputs for n in pair]
         self.static = spec.kv_cache == "static"
@@ -162,6 +210,7 @@ class CausalLM:
         # shares its pass. The generator sets it per request.
         self.bitwise = False
         self.progress = None  # called as progress(done, total) after each pass of a feed longer than one pass
+        self._lazy = False    # set by forward_rows: the next feed's kept rows may stay on the device
         self.run_time_s = 0.0
         self.reset()
 
@@ -248,6 +297,17 @@ class CausalLM:
         self.tokens = self.tokens[:start] + ids
         return rows[:keep] if pad else rows
 
+    def forward_rows(self, ids: Sequence[int], keep: int | None = None):
+        """``forward`` for a decoding round: with logits kept on the device, the rows come back as DeviceRows
+        (only what the sampling rules read reaches the host); otherwise as the float32 array of ``forward``."""
+        if not self.logits_on_device:
+            return self.forward(ids, keep)
+        self._lazy = True
+        try:
+            return self.forward(ids, keep)
+        finally:
+            self._lazy = False
+
     def reference_logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits of a fresh prefill of ``ids`` (same passes and kernels), leaving the cache untouched."""
         ids = [int(t) for t in ids]
@@ -279,7 +339,9 @@ class CausalLM:
                 out.append(logits[-want:])
             if self.progress is not None and len(bounds) > 2:
                 self.progress(b, n)
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        if len(out) == 1:
+            return out[0]
+        return np.concatenate([o.numpy() if isinstance(o, DeviceRows) else o for o in out])
 
     def _pass(self, ids: list[int], start: int, keep: int) -> np.ndarray:
         """One graph run over ``ids`` at ``start``; float32 logits of its last ``keep`` positions."""
@@ -295,14 +357,29 @@ class CausalLM:
                 self.canonical_length = start + len(ids)
         else:
             self.canonical_length = min(self.canonical_length, start)
-        if self._subset is not None:  # a vocab-subset draft: the other ids get probability 0
-            full = np.full((logits.shape[0], self.spec.output_vocab), -np.inf, dtype=np.float32)
-            col = 0
-            for lo, hi in self._subset:
-                full[:, lo:hi] = logits[:, col:col + hi - lo]
-                col += hi - lo
-            logits = full
-        return logits
+        if isinstance(logits, DeviceRows):
+            return logits
+        return self.widen(logits)
+
+    def widen(self, logits: np.ndarray) -> np.ndarray:
+        """Rows of the graph's width as rows over the whole vocabulary: a vocab-subset draft's other ids get -inf
+        (probability 0)."""
+        if self._subset is None:
+            return logits
+        full = np.full((logits.shape[0], self.spec.output_vocab), -np.inf, dtype=np.float32)
+        col = 0
+        for lo, hi in self._subset:
+            full[:, lo:hi] = logits[:, col:col + hi - lo]
+            col += hi - lo
+        return full
+
+    def token_ids(self, cols: np.ndarray) -> np.ndarray:
+        """Token ids of logits columns (a vocab-subset draft's columns cover its id ranges in order)."""
+        if self._subset is None:
+            return cols
+        if self._columns is None:
+            self._columns = np.concatenate([np.arange(lo, hi) for lo, hi in self._subset])
+        return self._columns[cols]
 
     def _bind_static(self, buffers: list):
         """An IO binding with every layer's K/V buffer bound as both past input and present output."""
@@ -332,11 +409,15 @@ class CausalLM:
         self._bind_keep(b, len(ids), keep)
         for name, value in zip(self._kv_in, past):
             b.bind_ortvalue_input(name, value)
-        b.bind_output(spec.logits, "cpu")
+        lazy = self._lazy
+        b.bind_output(spec.logits, self.device if lazy else "cpu", 0)
         for name in self._kv_out:
             b.bind_output(name, self.device, 0)
         self._execute(b)
         out = b.get_outputs()
+        if lazy:
+            rows = DeviceRows(self, out[0])
+            return rows[len(rows) - keep:], list(out[1:])
         logits = out[0].numpy()[0][-keep:]
         return logits.astype(np.float32), list(out[1:])
 
@@ -357,6 +438,12 @@ class CausalLM:
         b.bind_cpu_input(spec.seqlens_k, np.array([total - 1], dtype=np.int32))
         b.bind_cpu_input(spec.total_sequence_length, np.array(total, dtype=np.int32))
         rows = self._bind_keep(b, len(ids), keep)
+        if self._lazy:
+            value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], _NP[spec.dtype],
+                                                              self.device, 0)
+            b.bind_ortvalue_output(spec.logits, value)
+            self._execute(b)
+            return DeviceRows(self, value)[rows - keep:]
         out = self._host_rows(rows)
         b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
         self._execute(b)
@@ -428,6 +515,88 @@ class CausalLM:
                               "the manifest does not describe this graph, re-export the bundle")
 
 
+class DeviceRows:
+    """Logits rows left on the device where the graph wrote them (an OrtValue [1, rows, width]).
+
+    The sampling rules read only the largest entries of a row in most settings (greedy, top-k): ``top(K)`` runs
+    a TopK graph on the device and brings back K ids, their values, and a bound that every other entry is at
+    most (the K-th largest value). ``numpy()`` copies the rows in full, for the settings (and the rare rows)
+    that need more. Indexing gives a DeviceRow; slicing a view of fewer rows sharing the same results.
+    """
+
+    def __init__(self, lm: "CausalLM", value, start: int = 0, stop: int | None = None, shared: dict | None = None):
+        self.lm, self.value = lm, value
+        self.start = start
+        self.stop = value.shape()[1] if stop is None else stop
+        self._shared = shared if shared is not None else {"top": {}, "host": None}
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        n = len(self)
+        if isinstance(i, slice):
+            a, b, step = i.indices(n)
+            if step != 1:
+                raise IndexError("DeviceRows slices take consecutive rows")
+            return DeviceRows(self.lm, self.value, self.start + a, self.start + max(a, b), self._shared)
+        i = int(i) + (n if int(i) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} of {n}")
+        return DeviceRow(self, i)
+
+    def numpy(self) -> np.ndarray:
+        """The rows as float32 [rows, vocab] on the host (copied once, then shared by every view)."""
+        host = self._shared["host"]
+        if host is None:
+            host = self.value.numpy()[0].astype(np.float32)
+            host = self.lm.widen(host)
+            self._shared["host"] = host
+            self.lm.rows_copied += host.shape[0]
+        return host[self.start:self.stop]
+
+    def copy(self) -> np.ndarray:
+        return self.numpy().copy()
+
+    def top(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Token ids [rows, K] and float32 values [rows, K] of each row's K largest entries (K = min(k, width)),
+        and per row a bound that every entry not returned is at most (-inf when nothing is left out)."""
+        width = self.value.shape()[2]
+        k = min(int(k), width)
+        found = self._shared["top"].get(k)
+        if found is None:
+            lm = self.lm
+            b = lm._topk.io_binding()
+            b.bind_ortvalue_input("logits", self.value)
+            b.bind_cpu_input("k", np.array([k], dtype=np.int64))
+            b.bind_output("values", "cpu")
+            b.bind_output("indices", "cpu")
+            t0 = time.perf_counter()
+            lm._topk.run_with_iobinding(b)
+            lm.run_time_s += time.perf_counter() - t0
+            values, cols = (v.numpy()[0] for v in b.get_outputs())
+            ids = lm.token_ids(cols)
+            bound = values[:, -1].copy() if k < width else np.full(values.shape[0], -np.inf, dtype=np.float32)
+            found = self._shared["top"][k] = (ids, values, bound)
+            lm.rows_read += values.shape[0]
+        ids, values, bound = found
+        return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
+
+
+class DeviceRow:
+    """One row of DeviceRows (what ``rows[i]`` of a host array would be)."""
+
+    def __init__(self, rows: DeviceRows, i: int):
+        self.rows, self.i = rows, i
+
+    def top(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+        ids, values, bound = self.rows.top(k)
+        return ids[self.i], values[self.i], float(bound[self.i])
+
+    def numpy(self) -> np.ndarray:
+        return self.rows.numpy()[self.i]
+
+
 def pass_bounds(n: int, size: int, tile: int = 0) -> list[int]:
     """Offsets splitting ``n`` positions into passes of at most ``size`` (a multiple of ``tile``); with a
     ``tile``, a last pass of tile * k + 1 positions borrows one from the pass before it."""
@@ -460,6 +629,22 @@ def _value_info(name: str, elem_type: int) -> bytes:
     return _field(1, name) + _field(2, _field(1, tensor_type))  # ValueInfoProto{name, type{tensor_type}}
 
 
+def _model(graph: bytes) -> bytes:
+    opset = _field(1, "") + _field(2, 13)
+    return _field(1, 8) + _field(2, "ortspec") + _field(7, graph) + _field(8, opset)
+
+
+def topk_graph(elem_type: int) -> bytes:
+    """ModelProto bytes: values, indices = TopK(logits, k) along the vocabulary, values cast to float32."""
+    topk = _field(1, "logits") + _field(1, "k") + _field(2, "top") + _field(2, "indices") + _field(4, "TopK")
+    to_float = _field(1, "to") + _field(3, 1) + _field(20, 2)  # AttributeProto{name, i=FLOAT, type=INT}
+    cast = _field(1, "top") + _field(2, "values") + _field(4, "Cast") + _field(5, to_float)
+    graph = _field(1, topk) + _field(1, cast) + _field(2, "logits_topk")
+    graph += _field(11, _value_info("logits", elem_type)) + _field(11, _value_info("k", 7))
+    graph += _field(12, _value_info("values", 1)) + _field(12, _value_info("indices", 7))
+    return _model(graph)
+
+
 def kv_trim_graph(n: int, elem_type: int) -> bytes:
     """ModelProto bytes: y_i = Slice(x_i, starts, ends, axes) for i < n (opset 13)."""
     graph = b""
@@ -474,5 +659,4 @@ def kv_trim_graph(n: int, elem_type: int) -> bytes:
         graph += _field(11, _value_info(name, 7))
     for i in range(n):
         graph += _field(12, _value_info(f"y{i}", elem_type))
-    opset = _field(1, "") + _field(2, 13)
-    return _field(1, 8) + _field(2, "ortspec") + _field(7, graph) + _field(8, opset)
+    return _model(graph)

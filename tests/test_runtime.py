@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,6 +89,42 @@ def test_cuda_provider_unavailable_is_a_clear_error(pair_bundle):
         pytest.skip("CUDA is available here")
     with pytest.raises(ProviderUnavailableError, match="ortspec\\[cuda\\]"):
         SpeculativeGenerator.load(pair_bundle, provider="cuda")
+
+
+@pytest.mark.parametrize("builds, says", [
+    (["onnxruntime"], "install the GPU build in place of the CPU one: pip uninstall -y onnxruntime onnxruntime-gpu "
+                      "&& pip install 'ortspec[cuda]'"),
+    (["onnxruntime", "onnxruntime-gpu"], "both builds are installed"),
+])
+def test_cuda_error_names_the_install_that_fixes_it(monkeypatch, builds, says):
+    from ortspec import model
+    monkeypatch.setattr(model, "installed_builds", lambda: builds)
+    monkeypatch.setattr(model.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(ProviderUnavailableError) as err:
+        model.providers_for("cuda")
+    assert says in str(err.value)
+    assert "'ortspec[cuda]'" in str(err.value)
+
+
+def test_gpu_build_without_cuda_libraries_is_named(monkeypatch):
+    from ortspec import model
+    monkeypatch.setattr(model, "installed_builds", lambda: ["onnxruntime-gpu"])
+    assert "CUDA 13 and cuDNN 9" in model._missing_provider("CUDAExecutionProvider", loaded=False)
+
+
+def test_no_install_puts_both_onnxruntime_builds_side_by_side():
+    """The base install names neither build; `cpu` and `cuda` each bring exactly one."""
+    import re
+    import tomllib
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    names = lambda reqs: {re.split(r"[<>=~! \[;]", r, maxsplit=1)[0] for r in reqs}
+    assert not names(project["dependencies"]) & {"onnxruntime", "onnxruntime-gpu"}
+    extras = project["optional-dependencies"]
+    assert "onnxruntime" in names(extras["cpu"]) and "onnxruntime-gpu" not in names(extras["cpu"])
+    assert "onnxruntime-gpu" in names(extras["cuda"]) and "onnxruntime" not in names(extras["cuda"])
+    for extra, reqs in extras.items():  # no other extra brings a build of its own, except genai's CPU one
+        if extra not in ("cpu", "cuda", "genai"):
+            assert not names(reqs) & {"onnxruntime", "onnxruntime-gpu"}, extra
 
 
 # -- greedy equivalence -------------------------------------------------------

@@ -1,60 +1,97 @@
 #!/usr/bin/env python3
-"""Build bundles for the CUDA check on a machine without model weights or network.
+"""Build the bundles of the CUDA check on a machine without model weights or network.
 
-Writes SmolLM2-135M-shaped (and optionally Qwen2.5-0.5B/1.5B-shaped) Llama/Qwen2
-models with random weights through the fused builder, fp16, each with an INT4
-copy of itself as draft. Random weights make acceptance meaningless, but step
-costs (what calibration measures), greedy equality and the distribution test
-are all valid on them.
+Random-weight models through the fused builder, written to OUT_DIR:
 
-    python tools/gpu_make_bundles.py OUT_DIR [--qwen]
+    tiny-fp32     vocab-16 Llama pair (INT4 self-draft), for the distribution test
+    smollm2-fp16  SmolLM2-135M-shaped Llama, fp16, with an INT4 copy of itself as draft
+    qwen-fp16     Qwen2.5-Coder-1.5B-shaped target with a 0.5B-shaped draft, both fp16
+
+Random weights make acceptance meaningless, but step costs, pass-size invariance, greedy equality and the
+distribution test are all valid on them. ``--shapes tiny`` builds the same three bundles at toy sizes (seconds
+on a CPU), which is how the test suite runs the whole check.
+
+    python tools/gpu_make_bundles.py OUT_DIR [--shapes real|tiny]
 """
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+import shutil
 import sys
 import tempfile
 
+LLAMA_TINY = dict(vocab_size=16, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
+                  tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+SHAPES = {
+    "real": {
+        "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+        "qwen-target": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                            num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                            tie_word_embeddings=True),
+        "qwen-draft": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                           num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                           tie_word_embeddings=True),
+    },
+    "tiny": {
+        "smollm2": dict(LLAMA_TINY, vocab_size=512, max_position_embeddings=1024),
+        "qwen-target": dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                            tie_word_embeddings=True),
+        "qwen-draft": dict(vocab_size=512, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+                           tie_word_embeddings=True),
+    },
+}
 
-def make(kind: str, where: Path, dtype: str, draft_quant: str | None) -> Path:
+
+def _save(kind: str, config: dict, where: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-    from ortspec.export import export_bundle
     torch.manual_seed(0)
-    if kind == "smollm2":
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                             num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                                             max_position_embeddings=8192, rope_theta=100000.0,
-                                             tie_word_embeddings=True, bos_token_id=1, eos_token_id=2))
-    elif kind == "qwen-1.5b":
-        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                                             num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                                             max_position_embeddings=32768, tie_word_embeddings=True))
-    else:  # tiny: for the distribution test
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=64, intermediate_size=96,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             max_position_embeddings=256, initializer_range=0.2,
-                                             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2))
-    src = Path(tempfile.mkdtemp()) / kind
-    model.save_pretrained(str(src))
-    out = where / f"{kind}-{dtype}"
-    return export_bundle(target=str(src), draft="self", draft_quant=draft_quant, out=out, dtype=dtype,
-                         overwrite=True, graph="fused")
+    cls, cfg = (Qwen2ForCausalLM, Qwen2Config) if kind.startswith("qwen") else (LlamaForCausalLM, LlamaConfig)
+    out = where / kind
+    cls(cfg(**config)).save_pretrained(str(out))
+    return out
+
+
+def build(out: Path, shapes: str = "real") -> list[Path]:
+    from ortspec.export import export_bundle
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = SHAPES[shapes]
+    src = Path(tempfile.mkdtemp(prefix="ortspec-gpu-src-"))  # the Hugging Face copies: removed once exported
+    try:
+        return _build(out, sizes, src)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
+def _build(out: Path, sizes: dict, src: Path) -> list[Path]:
+    from ortspec.export import export_bundle
+    made = []
+    tiny = _save("tiny", LLAMA_TINY, src)
+    made.append(export_bundle(target=str(tiny), draft="self", draft_quant="int4", out=out / "tiny-fp32",
+                              dtype="fp32", overwrite=True, graph="fused", progress=None))
+    smol = _save("smollm2", sizes["smollm2"], src)
+    made.append(export_bundle(target=str(smol), draft="self", draft_quant="int4", out=out / "smollm2-fp16",
+                              dtype="fp16", overwrite=True, graph="fused", progress=None))
+    target, draft = _save("qwen-target", sizes["qwen-target"], src), _save("qwen-draft", sizes["qwen-draft"], src)
+    made.append(export_bundle(target=str(target), draft=str(draft), out=out / "qwen-fp16", dtype="fp16",
+                              overwrite=True, graph="fused", progress=None))
+    return made
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--qwen", action="store_true", help="also build a Qwen2.5-1.5B-shaped bundle")
+    ap.add_argument("out", help="directory the bundles are written to")
+    ap.add_argument("--shapes", choices=sorted(SHAPES), default="real",
+                    help="real: the models' own shapes (GPU machine); tiny: toy sizes (CPU rehearsal, tests)")
     args = ap.parse_args()
-    where = Path(args.out)
-    where.mkdir(parents=True, exist_ok=True)
-    make("tiny", where, "fp32", "int4")
-    make("smollm2", where, "fp16", "int4")
-    make("smollm2", where, "fp32", "int4")
-    if args.qwen:
-        make("qwen-1.5b", where, "fp16", "int4")
+    for path in build(Path(args.out), args.shapes):
+        print("built", path, flush=True)
     return 0
 
 

@@ -14,8 +14,9 @@ ROOT = Path(__file__).parents[1]
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_on_cpu(tmp_path):
+    (tmp_path / "wheels").mkdir()  # none: the CPU build already installed here is used
     env = dict(os.environ, PROVIDER="cpu", SHAPES="tiny", SAMPLES="2000", OUT=str(tmp_path / "reports"),
-               TMPDIR=str(tmp_path))
+               TMPDIR=str(tmp_path), WHEELS=str(tmp_path / "wheels"))
     proc = subprocess.run(["bash", "tools/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA check: run from the repository root on a machine with an NVIDIA GPU and no network.
 #   1. installs the onnxruntime-gpu wheel carried in .whl/ (whole, or as the parts tools/gpu_wheel.sh makes) and
-#      ortspec from this tree, into a private directory (the machine's own packages stay as they are);
+#      ortspec from this tree into a private directory (the machine's own packages stay as they are);
 #   2. builds random-weight bundles of SmolLM2-135M and Qwen2.5-Coder-1.5B/0.5B shape (tools/gpu_make_bundles.py);
 #   3. runs `ortspec verify` on the provider: greedy equality, the distribution test and its negative control;
 #   4. runs tools/gpu_check.py: pass-size invariance, step costs for 1-9 positions, host share per round,
@@ -9,13 +9,15 @@
 # Every report goes under $OUT (default ./gpu-reports): gpu_check.log, verify_*.json, gpu_check.json/.md.
 #
 # Environment: PROVIDER (cuda; cpu rehearses the same steps), SHAPES (real; tiny builds toy sizes: the test
-# suite runs the whole script that way on the CPU), SAMPLES (distribution-test generations, 20000).
+# suite runs the whole script that way on the CPU), SAMPLES (distribution-test generations, 20000), WHEELS
+# (where the wheels or their parts are, .whl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-reports}"
 PROVIDER="${PROVIDER:-cuda}"
 SHAPES="${SHAPES:-real}"
 SAMPLES="${SAMPLES:-20000}"
+WHEELS="${WHEELS:-.whl}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ortspec-gpu-XXXXXX")"
@@ -26,13 +28,14 @@ export PYTHONUNBUFFERED=1
 {
   echo "== environment ($PROVIDER, $SHAPES shapes)"; date -u
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-  if compgen -G ".whl/*.part-*" > /dev/null; then
-    bash tools/gpu_wheel.sh join .whl
+  if compgen -G "$WHEELS/*.part-*" > /dev/null; then
+    bash tools/gpu_wheel.sh join "$WHEELS"
   fi
-  if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
+  if compgen -G "$WHEELS/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$WHEELS"/*.whl
   fi
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$SITE" .
+  # ortspec itself, laid out as pyproject's package-dir does (no build tools needed on that machine)
+  mkdir -p "$SITE" && cp -r runtime "$SITE/ortspec" && cp -r export "$SITE/ortspec/export"
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
   python3 - "$PROVIDER" <<'PY'
 import sys

@@ -58,9 +58,11 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
 
 def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", gamma: bool = True) -> None:
     g = p.add_argument_group("runtime")
-    g.add_argument("--drafter", default=drafter_default, choices=["model", "prompt-lookup", "none"],
-                   help="where drafts come from: the bundle's draft model, n-grams of the text so far, "
-                        "or nothing (target only). Default " + (drafter_default or "the draft model if the bundle "
+    g.add_argument("--drafter", default=drafter_default, choices=["model", "hybrid", "prompt-lookup", "none"],
+                   help="where drafts come from: the bundle's draft model; hybrid (n-grams of the text so far "
+                        "where they match, the draft model otherwise, chosen per round); n-grams alone "
+                        "(prompt-lookup: long copies of the prompt draft up to 60 tokens); or nothing (target "
+                        "only). Default " + (drafter_default or "the draft model if the bundle "
                                                                 "has one, else prompt-lookup"))
     if gamma:
         g.add_argument("--num-draft-tokens", default="4",

@@ -32,7 +32,7 @@ class FixedController:
     def choose(self) -> int:
         return self.gamma
 
-    def update(self, gamma: int, accepted: int) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False) -> None:
         pass
 
 
@@ -142,7 +142,9 @@ class AutoController:
                 base.append(c * ratios[min(ratios, key=lambda j: (abs(j - k), j))])
         return {"target_costs": self._smoothed(base, self.drift() or 1.0), "draft_cost": self.draft_cost}
 
-    def update(self, gamma: int, accepted: int) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False) -> None:
+        """Learn from a round: its target pass time, and (unless the draft came from a ``side`` source the
+        controller does not plan, such as the hybrid drafter's lookups) the draft step and acceptance."""
         t_time = self.target.run_time_s - self._t
         d_time = (self.draft_lm.run_time_s - self._d) if self.draft_lm is not None else 0.0
         self._mark()
@@ -151,6 +153,8 @@ class AutoController:
             return
         self.rounds += 1
         k = gamma + 1
+        if gamma > self.max_gamma:
+            return  # a long copy's proposal: beyond the sizes planned here
         while len(self.target_costs) < k:
             self.target_costs.append(t_time if not self.target_costs else max(self.target_costs[-1], t_time))
         # the first timing of a size replaces the profile's value; later ones are averaged in
@@ -158,12 +162,14 @@ class AutoController:
         self.target_costs[k - 1] += weight * (t_time - self.target_costs[k - 1])
         self.timed_at[k] = self.rounds
         self.timed_count[k] = self.timed_count.get(k, 0) + 1
+        if side:
+            return
         if gamma:
             step = d_time / gamma
             self.draft_cost = step if self.draft_cost is None else self.draft_cost + self.DECAY * (step - self.draft_cost)
         weight = 0.5 if self._probing else self.DECAY  # a probe is rare: let it count
         self._probing = False
-        for i in range(min(gamma, accepted + 1)):
+        for i in range(min(gamma, accepted + 1, self.max_gamma)):  # a long copy may run past max_gamma
             hit = 1.0 if i < accepted else 0.0
             self.alphas[i] += weight * (hit - self.alphas[i])
         if gamma:  # positions not proposed this round: a little worse than the one before

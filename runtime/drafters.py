@@ -19,6 +19,7 @@ from .model import CausalLM
 class Draft:
     tokens: list[int]
     dists: list[Dist] | None  # when sampling: the distribution each token was drawn from, else None
+    side: bool = False        # drafted by a source the draft-length controller does not plan (hybrid n-grams)
 
     @staticmethod
     def empty() -> "Draft":
@@ -29,7 +30,9 @@ class Drafter(Protocol):
     name: str
 
     def propose(self, committed: Sequence[int], gamma: int, pipeline: LogitsPipeline,
-                sampling: bool, rng: np.random.Generator) -> Draft: ...
+                sampling: bool, rng: np.random.Generator, limit: int | None = None) -> Draft: ...
+    # gamma: the tokens to draft; limit (>= gamma): the most a drafter may propose when it has reason to
+    # draft more (a long copy of earlier text), bounded by max_new_tokens and the context
 
     def sync(self, committed: Sequence[int]) -> None: ...
 
@@ -47,7 +50,7 @@ class NoDrafter:
 
     name = "none"
 
-    def propose(self, committed, gamma, pipeline, sampling, rng) -> Draft:
+    def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         return Draft.empty()
 
     def sync(self, committed) -> None:
@@ -71,7 +74,7 @@ class ModelDrafter:
         """
         self.lm.rollback(min(common_prefix(self.lm.tokens, committed), len(committed) - 1))
 
-    def propose(self, committed, gamma, pipeline, sampling, rng) -> Draft:
+    def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         self.sync(committed)
         committed = list(committed)
         if self.lm.length + gamma + 1 > self.lm.capacity:
@@ -92,35 +95,180 @@ class ModelDrafter:
         return Draft(tokens, dists if sampling else None)
 
 
+class Outcomes:
+    """What became of a drafter's last proposal, read from the committed tokens of the next round."""
+
+    def __init__(self):
+        self._start, self._tokens, self._planned = -1, [], 0
+
+    def proposed(self, committed: Sequence[int], tokens: list[int], planned: int) -> None:
+        """Remember a proposal (``planned``: the gamma it was asked for; more tokens than that made it long)."""
+        self._start, self._tokens, self._planned = len(committed), list(tokens), planned
+
+    def read(self, committed: Sequence[int]) -> tuple[int, int, int] | None:
+        """(tokens proposed, tokens accepted, gamma planned) of the last proposal, or None when there was none
+        or ``committed`` does not continue its context (another request)."""
+        start, tokens, planned = self._start, self._tokens, self._planned
+        self._start, self._tokens = -1, []
+        if start < 0 or not tokens or len(committed) <= start:
+            return None
+        return len(tokens), common_prefix(committed[start:start + len(tokens)], tokens), planned
+
+
 class PromptLookupDrafter:
-    """Drafts by n-gram match over prompt and generated text (no model, q one-hot)."""
+    """Drafts by n-gram match over prompt and generated text (no model, q one-hot).
+
+    A long copy drafts long: while the answer copies earlier text (every token of the last proposals
+    accepted), the copy's run length bounds how far to trust it, and a proposal may grow past gamma up to
+    ``limit`` (at most LONG_MAX), to the length the cost model predicts best from the target's pass costs
+    (``pass_costs``, C_t(k) by k, when known) and the acceptance long proposals have had. The first rejection
+    ends the run, so a wasted verify pass is never longer than the tokens the run had already proven.
+    """
 
     name = "prompt_lookup"
+    LONG_MAX = 60        # longest proposal (a verify pass of LONG_MAX + 1 positions)
+    DECAY = 0.1          # weight of the newest observation in the acceptance of long proposals
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.pass_costs: list[float] | None = None  # C_t(1..), set by the generator when a profile exists
+        self.copy_alpha = 0.9    # per-token acceptance of long proposals (conditional), learned
+        self._run = 0            # tokens committed in a row that proposals predicted
+        self._outcomes = Outcomes()
 
     def sync(self, committed) -> None:
         pass
 
-    def propose(self, committed, gamma, pipeline, sampling, rng) -> Draft:
-        tokens = self.lookup(committed, gamma)
+    def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
+        self.observe(committed)
+        tokens = self.lookup(committed, self.length(gamma, gamma if limit is None else limit))
+        return self.draft(committed, tokens, gamma, sampling)
+
+    def draft(self, committed, tokens: list[int], gamma: int, sampling: bool, side: bool = False) -> Draft:
+        self._outcomes.proposed(committed, tokens, gamma)
         if not tokens:
             return Draft.empty()
-        return Draft(tokens, [Dist.one_hot(t) for t in tokens] if sampling else None)
+        return Draft(tokens, [Dist.one_hot(t) for t in tokens] if sampling else None, side)
+
+    def observe(self, committed: Sequence[int]) -> tuple[int, int, int] | None:
+        """Read what became of the last proposal and update the copy run and the long proposals' acceptance."""
+        outcome = self._outcomes.read(committed)
+        if outcome is None:  # nothing proposed last round (no match) or a new request: no copy runs
+            self._run = 0
+            return None
+        proposed, accepted, planned = outcome
+        self._run = self._run + proposed + 1 if accepted == proposed else 0  # + the target's own next token
+        if proposed > planned:
+            for i in range(min(proposed, accepted + 1)):
+                self.copy_alpha += self.DECAY * ((1.0 if i < accepted else 0.0) - self.copy_alpha)
+        return outcome
+
+    def length(self, gamma: int, limit: int) -> int:
+        """Tokens to propose: gamma, or more while a copy runs (never past what the run has proven)."""
+        cap = min(limit, self.LONG_MAX, max(gamma, self._run))
+        if cap <= gamma or gamma < 1:
+            return gamma
+        if not self.pass_costs:
+            return cap
+        from .costmodel import predicted_speedup
+        return max(range(gamma, cap + 1),
+                   key=lambda n: predicted_speedup([self.copy_alpha] * n, n, 0.0, self.pass_costs))
 
     def lookup(self, committed: Sequence[int], gamma: int) -> list[int]:
-        """Tokens that followed the most recent earlier occurrence of the longest matching tail."""
+        """Tokens that followed the most recent earlier occurrence of the longest matching tail (the latest one
+        that is followed by ``gamma`` tokens, when there is one)."""
+        return self.match(committed, gamma)[0]
+
+    def match(self, committed: Sequence[int], gamma: int) -> tuple[list[int], int]:
+        """(the continuation of up to ``gamma`` tokens, the n-gram order that matched; 0 when none did)."""
         seq = np.asarray(committed, dtype=np.int64)
         if gamma < 1:
-            return []
+            return [], 0
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-n:]
             windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
             hits = np.nonzero((windows == tail).all(axis=1))[0]
-            if hits.size:
-                start = int(hits[-1]) + n
-                return [int(t) for t in seq[start:start + gamma]]
-        return []
+            if hits.size:  # the latest occurrence with gamma tokens after it (a loop's latest has fewer)
+                starts = hits + n
+                full = starts[starts + gamma <= seq.size]
+                start = int(full[-1] if full.size else starts[-1])
+                return [int(t) for t in seq[start:start + gamma]], n
+        return [], 0
+
+
+class HybridDrafter:
+    """n-gram proposals where the context offers a match, the draft model otherwise, chosen per round.
+
+    The choice compares the speedups the cost model predicts for the two proposals from the target's pass
+    costs and the draft step (``pass_costs``, ``draft_cost``, when a profile exists) and the acceptance each
+    source has had: per n-gram order for lookups (a longer matching tail is better evidence), and one for
+    the model. A lookup costs nothing to make, a model draft gamma draft steps. Without costs, a match of
+    order >= 2 wins. The model's cache catches up with the committed text in one pass when it drafts again.
+    Which source drafts depends only on the committed tokens, so the output distribution is unchanged.
+    """
+
+    name = "hybrid"
+    DECAY = 0.1
+
+    def __init__(self, model: ModelDrafter, lookup: PromptLookupDrafter | None = None):
+        self.model, self.ngram = model, lookup or PromptLookupDrafter()
+        self.lm = model.lm
+        self.draft_cost: float | None = None
+        self.alpha_by_order = {1: 0.4, 2: 0.6, 3: 0.7}  # first-guess priors, learned per order
+        self.alpha_model = 0.7
+        self._source = None  # "model" or the n-gram order of the last proposal
+        self.lookup_rounds = self.model_rounds = 0
+
+    @property
+    def pass_costs(self):
+        return self.ngram.pass_costs
+
+    @pass_costs.setter
+    def pass_costs(self, costs):
+        self.ngram.pass_costs = costs
+
+    def sync(self, committed) -> None:
+        self.model.sync(committed)
+
+    def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
+        outcome = self.ngram.observe(committed)
+        self._learn(outcome)
+        if self._source == "model":
+            self.ngram._run = 0  # a copy runs only through lookups
+        limit = gamma if limit is None else limit
+        if gamma < 1:
+            return Draft.empty()
+        tokens, order = self.ngram.match(committed, self.ngram.length(gamma, limit))
+        if tokens and self._lookup_wins(order, len(tokens), gamma):
+            self._source = order
+            self.lookup_rounds += 1
+            return self.ngram.draft(committed, tokens, gamma, sampling, side=True)
+        self._source = "model"
+        self.model_rounds += 1
+        draft = self.model.propose(committed, gamma, pipeline, sampling, rng)
+        self.ngram._outcomes.proposed(committed, draft.tokens, gamma)  # model rounds are read back the same way
+        return draft
+
+    def _learn(self, outcome) -> None:
+        if outcome is None or self._source is None:
+            return
+        proposed, accepted, _ = outcome
+        for i in range(min(proposed, accepted + 1)):
+            hit = 1.0 if i < accepted else 0.0
+            if self._source == "model":
+                self.alpha_model += self.DECAY * (hit - self.alpha_model)
+            else:
+                a = self.alpha_by_order[self._source]
+                self.alpha_by_order[self._source] = a + self.DECAY * (hit - a)
+
+    def _lookup_wins(self, order: int, n: int, gamma: int) -> bool:
+        costs, step = self.pass_costs, self.draft_cost
+        if not costs or step is None:
+            return order >= 2
+        from .costmodel import predicted_speedup
+        a = self.alpha_by_order[order]
+        lookup = predicted_speedup([a] * n, n, 0.0, costs)
+        model = predicted_speedup([self.alpha_model] * gamma, gamma, step, costs)
+        return lookup >= model

@@ -13,14 +13,14 @@ import numpy as np
 from .bundle import Bundle, load_bundle
 from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
 from .controller import make_controller
-from .drafters import Draft, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
+from .drafters import Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, common_prefix
 from .errors import BundleError, CacheOverflowError, OrtspecError
 from .logits import Dist, LogitsPipeline, Scratch
 from .model import LOGITS_PLACES, CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, verify_dists
 
-DRAFTERS = ("model", "prompt_lookup", "none")
+DRAFTERS = ("model", "prompt_lookup", "hybrid", "none")
 _GUESS = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
 
 
@@ -198,17 +198,17 @@ class SpeculativeGenerator:
             warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
                           "speculative output can differ from target-only output at near-ties; re-export it with "
                           "--target-quant int8w for bitwise-exact output", RuntimeWarning, stacklevel=2)
-        if drafter == "model" and bundle.draft is None:
+        if drafter in ("model", "hybrid") and bundle.draft is None:
             raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
                               "'none', or export with --draft")
         target = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads,
                           thread_pool=thread_pool, logits=logits)
         codec = TextCodec(bundle.tokenizer_file, bundle.tokenizer_config) if bundle.tokenizer_file else None
         disabled = False
-        if drafter == "model":
+        if drafter in ("model", "hybrid"):
             try:
-                impl = ModelDrafter(CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
-                                             thread_pool=thread_pool, logits=logits))
+                impl = cls._model_drafter(drafter, CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)),
+                                                            provider, threads, thread_pool=thread_pool, logits=logits))
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
             except Exception as exc:
@@ -221,6 +221,10 @@ class SpeculativeGenerator:
             impl = NoDrafter()
         return cls(bundle, target, impl, codec, disabled)
 
+    @staticmethod
+    def _model_drafter(kind: str, lm: CausalLM):
+        return HybridDrafter(ModelDrafter(lm)) if kind == "hybrid" else ModelDrafter(lm)
+
     def sibling(self, drafter: str) -> "SpeculativeGenerator":
         """Another generator over the same loaded models (no second copy in memory) with another drafter.
 
@@ -231,8 +235,8 @@ class SpeculativeGenerator:
             impl = NoDrafter()
         elif drafter == "prompt_lookup":
             impl = PromptLookupDrafter()
-        elif drafter == "model" and getattr(self.drafter, "lm", None) is not None:
-            impl = ModelDrafter(self.drafter.lm)
+        elif drafter in ("model", "hybrid") and getattr(self.drafter, "lm", None) is not None:
+            impl = self._model_drafter(drafter, self.drafter.lm)
         else:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
         twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
@@ -308,6 +312,7 @@ class SpeculativeGenerator:
                                     self._scratch) if req.sampling.do_sample else pipe
         rng = np.random.default_rng(req.seed)
         controller = make_controller(req.speculation, self)
+        self._share_costs(req.speculation.bitwise)
         decoder = StreamDecoder(self.codec)
         target, sampling = self.target, req.sampling.do_sample
         committed = list(req.prompt_ids)
@@ -327,10 +332,12 @@ class SpeculativeGenerator:
         while True:
             t0 = time.perf_counter()
             remaining = req.max_new_tokens - (len(committed) - start)
-            # 1. Choose gamma: never draft past max_new_tokens or the context.
-            gamma = min(controller.choose(), remaining - 1, target.capacity - len(committed))
+            # 1. Choose gamma: never draft past max_new_tokens or the context (limit: what a long copy may
+            #    propose beyond gamma).
+            limit = min(PromptLookupDrafter.LONG_MAX, remaining - 1, target.capacity - len(committed))
+            gamma = min(controller.choose(), limit)
             # 2. Draft gamma tokens with their sampling distributions q.
-            draft = self._draft(committed, gamma, draft_pipe, sampling, rng, stats)
+            draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats)
             free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
             if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess
                 guess = _GUESS.lookup(committed, 1)
@@ -352,7 +359,7 @@ class SpeculativeGenerator:
             stats.record(counted, verdict.accepted if counted else 0, len(new), time.perf_counter() - t0)
             if stats.rounds == 1:
                 stats.first_token_s = time.perf_counter() - started
-            controller.update(counted, verdict.accepted if counted else 0)
+            controller.update(counted, verdict.accepted if counted else 0, side=draft.side)
             if req.strict:
                 self._check(before, new, raw, req.speculation.bitwise)
             yield from _events(decoder, new, verdict if counted else Verdict(0, verdict.next_token, False), counted)
@@ -363,6 +370,21 @@ class SpeculativeGenerator:
                 if tail:
                     yield Event([], tail, "text")
                 return
+
+    def _share_costs(self, bitwise: bool) -> None:
+        """Hand the calibrated pass costs (if a profile exists; none is measured for this) to a drafter that
+        sizes its proposals with them (long copies, the hybrid's choice)."""
+        if not hasattr(self.drafter, "pass_costs"):
+            return
+        if self._profile is None:
+            from .calibrate import load_profile
+            self._profile = load_profile(self.bundle.root, self.target.provider)
+        costs = list((self._profile or {}).get("target_costs") or [])
+        if bitwise and len(costs) >= 2:
+            costs[0] = costs[1]  # bitwise target-only steps are passes of two positions
+        self.drafter.pass_costs = costs or None
+        if hasattr(self.drafter, "draft_cost"):
+            self.drafter.draft_cost = (self._profile or {}).get("draft_cost")
 
     DRIFT = 1.25  # costs timed online this far from the stored profile (either way) replace it
 
@@ -386,12 +408,12 @@ class SpeculativeGenerator:
         self._profile = stored
         save_profile(self.bundle.root, self.target.provider, stored)
 
-    def _draft(self, committed, gamma, pipe, sampling, rng, stats) -> Draft:
+    def _draft(self, committed, gamma, limit, pipe, sampling, rng, stats) -> Draft:
         if gamma < 1:
             return Draft.empty()
         try:
-            draft = self.drafter.propose(committed, gamma, pipe, sampling, rng)
-            if len(draft.tokens) > gamma or any(not 0 <= t < self.vocab_size for t in draft.tokens):
+            draft = self.drafter.propose(committed, gamma, pipe, sampling, rng, limit=limit)
+            if len(draft.tokens) > max(gamma, limit) or any(not 0 <= t < self.vocab_size for t in draft.tokens):
                 raise ValueError(f"drafter returned invalid tokens {draft.tokens[:8]}")
             if sampling and draft.tokens and (draft.dists is None or len(draft.dists) != len(draft.tokens)):
                 raise ValueError("drafter returned no or too few draft distributions")

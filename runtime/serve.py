@@ -29,8 +29,8 @@ log = logging.getLogger("ortspec.serve")
 
 MAX_STOP = 4                 # stop strings per request, as OpenAI allows
 DEFAULT_MAX_BODY = 4 << 20   # bytes
-DRAFTER_NAMES = {"model": "model", "prompt_lookup": "prompt_lookup", "prompt-lookup": "prompt_lookup",
-                 "none": "none"}
+DRAFTER_NAMES = {"model": "model", "hybrid": "hybrid", "prompt_lookup": "prompt_lookup",
+                 "prompt-lookup": "prompt_lookup", "none": "none"}
 # Fields a client may send that change output in ways ortspec does not implement: refused, not ignored.
 UNSUPPORTED = {
     "tools": "tool calls are not supported",
@@ -290,7 +290,8 @@ class Engine:
                  timeout_s: float = 600.0, default_gamma: int | str = 4, default_max_tokens: int = 1024):
         self.gen, self.model_id, self.default_max_tokens = gen, model_id, default_max_tokens
         self.max_queue, self.timeout_s, self.default_gamma = max_queue, timeout_s, default_gamma
-        self.drafters = (gen.drafter.name,) + tuple(d for d in ("prompt_lookup", "none") if d != gen.drafter.name)
+        offered = (("model", "hybrid") if getattr(gen.drafter, "lm", None) is not None else ()) + ("prompt_lookup", "none")
+        self.drafters = (gen.drafter.name,) + tuple(d for d in offered if d != gen.drafter.name)
         self._siblings = {gen.drafter.name: gen}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortspec-generate")
         self._count_lock = threading.Lock()

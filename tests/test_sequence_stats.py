@@ -44,22 +44,22 @@ def pool():
         yield ex
 
 
-def exact_distribution(bundle, sampling: dict) -> np.ndarray:
-    """P(x1, x2, x3 | PROMPT) under target-only sampling, shape [V, V, V], from the target graph."""
+def exact_distribution(bundle, sampling: dict, prompt: list[int] = PROMPT) -> np.ndarray:
+    """P(x1, x2, x3 | prompt) under target-only sampling, shape [V, V, V], from the target graph."""
     gen = SpeculativeGenerator.load(bundle, drafter="none", threads=1)
     pipe = LogitsPipeline(SamplingConfig(do_sample=True, **sampling), gen.vocab_size)
     probs = np.zeros((V, V, V))
     for x1, x2 in itertools.product(range(V), range(V)):
-        rows = gen.target.reference_logits(PROMPT + [x1, x2])[-3:]
-        p = pipe.probs(rows, PROMPT, [x1, x2])
+        rows = gen.target.reference_logits(prompt + [x1, x2])[-3:]
+        p = pipe.probs(rows, prompt, [x1, x2])
         probs[x1, x2] = p[0, x1] * p[1, x2] * p[2]
     return probs
 
 
-def sample_counts(pool, bundle, drafter, gamma, sampling, wrong=False):
+def sample_counts(pool, bundle, drafter, gamma, sampling, wrong=False, prompt=PROMPT, max_new=None):
     chunks = np.array_split(np.arange(N), WORKERS * 4)
-    max_new = K + 3 if gamma == "auto" else max(K, gamma + 1)
-    jobs = [dict(bundle=str(bundle), drafter=drafter, k=K, prompt=PROMPT, max_new_tokens=max_new,
+    max_new = max_new or (K + 3 if gamma == "auto" else max(K, gamma + 1))
+    jobs = [dict(bundle=str(bundle), drafter=drafter, k=K, prompt=prompt, max_new_tokens=max_new,
                  gamma=gamma, sampling=sampling, seeds=[int(s) for s in c], wrong=wrong) for c in chunks]
     counts, drafted, accepted = np.zeros((V,) * K, dtype=np.int64), 0, 0
     for c, d, a in pool.map(sample_prefixes, jobs):
@@ -83,6 +83,26 @@ def test_sequences_follow_target_distribution(pool, small_bundle, drafter, gamma
 def test_negative_control_wrong_verifier_is_caught(pool, small_bundle, drafter, gamma, sampling):
     counts, _, _ = sample_counts(pool, small_bundle, drafter, gamma, sampling, wrong=True)
     assert chi_square_p(counts, exact_distribution(small_bundle, sampling)) < ALPHA
+
+
+# A prompt that repeats itself, so that lookups match (its tail 5 9 5 occurred before): the hybrid drafter
+# then switches between lookups and the model, and prompt lookup at gamma 1 proposes 2 tokens after a round
+# whose proposal was accepted whole (a copy run), all within the 3 tokens counted.
+REPEATING = [1, 5, 9, 5, 9, 5]
+LOOKUP_SETTINGS = [("hybrid", 3, dict(temperature=1.2, top_k=8)), ("prompt_lookup", 1, dict(temperature=2.0))]
+
+
+@pytest.mark.parametrize("drafter,gamma,sampling", LOOKUP_SETTINGS, ids=["hybrid", "lookup-copy-run"])
+def test_lookup_driven_sequences_follow_target_distribution(pool, small_bundle, drafter, gamma, sampling):
+    counts, drafted, accepted = sample_counts(pool, small_bundle, drafter, gamma, sampling, prompt=REPEATING,
+                                              max_new=8)  # room for proposals longer than gamma
+    assert accepted >= 500 and drafted - accepted >= 500
+    exact = exact_distribution(small_bundle, sampling, REPEATING)
+    assert chi_square_p(counts, exact) > ALPHA
+    if drafter == "hybrid":  # negative control
+        wrong, _, _ = sample_counts(pool, small_bundle, drafter, gamma, sampling, wrong=True, prompt=REPEATING,
+                                    max_new=8)
+        assert chi_square_p(wrong, exact) < ALPHA
 
 
 def test_vocab_subset_draft_follows_target_distribution(pool, small_subset_bundle):

@@ -192,11 +192,12 @@ def test_extra_knobs_keep_the_output(server):
     c = client(server)
     outs = {(d, g): c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=20, temperature=0,
                                               extra_body={"drafter": d, "num_draft_tokens": g, "ignore_eos": True})
-            for d, g in (("model", 4), ("model", "auto"), ("prompt-lookup", 3), ("none", 0))}
+            for d, g in (("model", 4), ("model", "auto"), ("hybrid", 3), ("prompt-lookup", 3), ("none", 0))}
     texts = {r.choices[0].message.content for r in outs.values()}
     assert len(texts) == 1
     assert outs[("none", 0)].model_extra["ortspec"]["drafted"] == 0
     assert outs[("prompt-lookup", 3)].model_extra["ortspec"]["drafter"] == "prompt_lookup"
+    assert outs[("hybrid", 3)].model_extra["ortspec"]["drafter"] == "hybrid"
 
 
 # -- stop strings ---------------------------------------------------------------------------------------------------

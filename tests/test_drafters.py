@@ -1,0 +1,98 @@
+"""Long copies drafted long, and the hybrid drafter (lookups where the context matches, the model otherwise):
+their choices, and greedy output equal to target-only decoding while they make them."""
+from __future__ import annotations
+
+import pytest
+
+from ortspec import SpeculativeGenerator
+from ortspec.drafters import HybridDrafter, PromptLookupDrafter
+
+TEXT = [1] + list(range(20, 60)) + [7, 8] + list(range(20, 40))  # a copy of 20..59 is under way at the end
+
+
+def test_copy_run_grows_proposals_and_a_rejection_ends_it():
+    d = PromptLookupDrafter()
+    committed = list(TEXT)
+    draft = d.propose(committed, 2, None, False, None, limit=30)
+    assert draft.tokens == [40, 41]                       # gamma: no run yet
+    committed = committed + [40, 41, 42]                  # accepted whole, and the target's next token
+    draft = d.propose(committed, 2, None, False, None, limit=30)
+    assert draft.tokens == [43, 44, 45]                   # the run (3) bounds the proposal
+    committed = committed + [43, 44, 45, 46]
+    draft = d.propose(committed, 2, None, False, None, limit=30)
+    assert draft.tokens == list(range(47, 54))            # 3 + 4 = 7 proven
+    committed = committed + [47, 48, 5]                   # rejected at the third token
+    d.observe(committed)
+    assert d.length(2, 30) == 2                           # the run is over
+
+
+def test_long_proposals_are_bounded_by_limit_and_longest():
+    d = PromptLookupDrafter()
+    d._run = 500
+    assert d.length(3, 10) == 10
+    assert d.length(3, 1000) == PromptLookupDrafter.LONG_MAX
+    assert d.length(0, 10) == 0
+
+
+def test_cost_model_sizes_long_proposals():
+    d = PromptLookupDrafter()
+    d._run, d.copy_alpha = 50, 0.8
+    d.pass_costs = [1.0] + [1.0 + 0.01 * k for k in range(1, 9)]   # a memory-bound target: passes cost ~ the same
+    flat = d.length(2, 50)
+    d.pass_costs = [1.0 * k for k in range(1, 10)]                 # a pass costs k steps: long ones never pay
+    steep = d.length(2, 50)
+    assert flat > 10 and steep == 2
+
+
+def test_a_new_request_starts_without_a_run():
+    d = PromptLookupDrafter()
+    committed = list(TEXT)
+    d.propose(committed, 2, None, False, None, limit=30)
+    d.propose(committed + [40, 41, 42], 2, None, False, None, limit=30)
+    d.propose([1, 2, 3, 2], 2, None, False, None, limit=30)  # another context
+    assert d._run == 0
+
+
+@pytest.fixture(scope="module")
+def small(small_bundle):
+    return SpeculativeGenerator.load(small_bundle)
+
+
+def test_hybrid_choice_without_costs_takes_matches_of_two_tokens_or_more(small):
+    h = HybridDrafter(small.drafter)
+    assert h._lookup_wins(2, 4, 4) and h._lookup_wins(3, 1, 4) and not h._lookup_wins(1, 4, 4)
+
+
+def test_hybrid_choice_with_costs_weighs_the_model_draft(small):
+    h = HybridDrafter(small.drafter)
+    h.pass_costs, h.draft_cost = [1.0, 1.05, 1.1, 1.15, 1.2], 0.05
+    h.alpha_model, h.alpha_by_order[1] = 0.9, 0.2
+    assert not h._lookup_wins(1, 4, 4)          # a weak unigram lookup loses to a good cheap draft
+    h.alpha_by_order[1] = 0.95
+    assert h._lookup_wins(1, 4, 4)
+    h.draft_cost = 2.0                           # an expensive draft: even a poor lookup is worth its free pass
+    h.alpha_by_order[1] = 0.3
+    assert h._lookup_wins(1, 4, 4)
+
+
+@pytest.mark.parametrize("drafter", ["prompt_lookup", "hybrid"])
+def test_greedy_output_equals_target_only_through_long_copies(small, drafter):
+    """The vocab-16 target falls into loops that lookups copy: proposals far longer than gamma are made,
+    and every token equals target-only decoding."""
+    target_only, gen = small.sibling("none"), small.sibling(drafter)
+    longest = 0
+    for k in range(6):
+        ids = [1, 5 + k, 9, 5]
+        want = target_only.generate(input_ids=ids, max_new_tokens=150, eos_token_id=[], do_sample=False)
+        got = gen.generate(input_ids=ids, max_new_tokens=150, eos_token_id=[], do_sample=False, num_draft_tokens=2)
+        assert got.token_ids == want.token_ids, k
+        longest = max(longest, len(got.stats.proposed_at))
+    assert longest > 16  # past the cap fixed draft lengths have
+    if drafter == "hybrid":
+        assert gen.drafter.lookup_rounds > 0 and gen.drafter.model_rounds > 0
+
+
+def test_hybrid_drafter_is_offered(small_bundle, pair_bundle):
+    gen = SpeculativeGenerator.load(small_bundle, drafter="hybrid")
+    assert gen.drafter.name == "hybrid" and gen.drafter.lm is not None
+    assert SpeculativeGenerator.load(pair_bundle).sibling("hybrid").drafter.name == "hybrid"

@@ -31,7 +31,6 @@ SETTINGS = [
     ("model", 3, dict(top_k=5)),
     ("model", 5, dict(top_p=0.8, temperature=1.2)),
     ("model", 3, dict(repetition_penalty=1.5, top_k=8)),
-    ("prompt_lookup", 3, dict(temperature=2.0)),  # flat p: lookup guesses get intermediate p(d)
     ("model", "auto", dict(temperature=0.9, top_k=10)),
 ]
 
@@ -56,8 +55,8 @@ def exact_distribution(bundle, sampling: dict, prompt: list[int] = PROMPT) -> np
     return probs
 
 
-def sample_counts(pool, bundle, drafter, gamma, sampling, wrong=False, prompt=PROMPT, max_new=None):
-    chunks = np.array_split(np.arange(N), WORKERS * 4)
+def sample_counts(pool, bundle, drafter, gamma, sampling, wrong=False, prompt=PROMPT, max_new=None, n=N):
+    chunks = np.array_split(np.arange(n), WORKERS * 4)
     max_new = max_new or (K + 3 if gamma == "auto" else max(K, gamma + 1))
     jobs = [dict(bundle=str(bundle), drafter=drafter, k=K, prompt=prompt, max_new_tokens=max_new,
                  gamma=gamma, sampling=sampling, seeds=[int(s) for s in c], wrong=wrong) for c in chunks]
@@ -79,7 +78,7 @@ def test_sequences_follow_target_distribution(pool, small_bundle, drafter, gamma
     assert p > ALPHA, f"p-value {p:.2e}"
 
 
-@pytest.mark.parametrize("drafter,gamma,sampling", [SETTINGS[0], SETTINGS[4]], ids=["model", "prompt_lookup"])
+@pytest.mark.parametrize("drafter,gamma,sampling", [SETTINGS[0]], ids=["model"])
 def test_negative_control_wrong_verifier_is_caught(pool, small_bundle, drafter, gamma, sampling):
     counts, _, _ = sample_counts(pool, small_bundle, drafter, gamma, sampling, wrong=True)
     assert chi_square_p(counts, exact_distribution(small_bundle, sampling)) < ALPHA
@@ -87,7 +86,8 @@ def test_negative_control_wrong_verifier_is_caught(pool, small_bundle, drafter, 
 
 # A prompt that repeats itself, so that lookups match (its tail 5 9 5 occurred before): the hybrid drafter
 # then switches between lookups and the model, and prompt lookup at gamma 1 proposes 2 tokens after a round
-# whose proposal was accepted whole (a copy run), all within the 3 tokens counted.
+# whose proposal was accepted whole (a copy run), all within the 3 tokens counted. Temperature 2 flattens p,
+# so lookup guesses get intermediate p(d).
 REPEATING = [1, 5, 9, 5, 9, 5]
 LOOKUP_SETTINGS = [("hybrid", 3, dict(temperature=1.2, top_k=8)), ("prompt_lookup", 1, dict(temperature=2.0))]
 
@@ -95,14 +95,13 @@ LOOKUP_SETTINGS = [("hybrid", 3, dict(temperature=1.2, top_k=8)), ("prompt_looku
 @pytest.mark.parametrize("drafter,gamma,sampling", LOOKUP_SETTINGS, ids=["hybrid", "lookup-copy-run"])
 def test_lookup_driven_sequences_follow_target_distribution(pool, small_bundle, drafter, gamma, sampling):
     counts, drafted, accepted = sample_counts(pool, small_bundle, drafter, gamma, sampling, prompt=REPEATING,
-                                              max_new=8)  # room for proposals longer than gamma
+                                              max_new=5)  # room for proposals longer than gamma
     assert accepted >= 500 and drafted - accepted >= 500
     exact = exact_distribution(small_bundle, sampling, REPEATING)
     assert chi_square_p(counts, exact) > ALPHA
-    if drafter == "hybrid":  # negative control
-        wrong, _, _ = sample_counts(pool, small_bundle, drafter, gamma, sampling, wrong=True, prompt=REPEATING,
-                                    max_new=8)
-        assert chi_square_p(wrong, exact) < ALPHA
+    wrong, _, _ = sample_counts(pool, small_bundle, drafter, gamma, sampling, wrong=True, prompt=REPEATING,
+                                max_new=5, n=N // 2)  # negative control
+    assert chi_square_p(wrong, exact) < ALPHA
 
 
 def test_vocab_subset_draft_follows_target_distribution(pool, small_subset_bundle):

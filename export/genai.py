@@ -176,8 +176,10 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def genai_greedy(model, ids: list[int], max_new_tokens: int, **speculative) -> tuple[list[int], dict]:
-    """Greedy-decode ``ids`` with an ``onnxruntime_genai.Model``; returns (new token ids, speculative stats).
+def genai_greedy(model, ids: list[int], max_new_tokens: int, sampling: dict | None = None,
+                 **speculative) -> tuple[list[int], dict]:
+    """Decode ``ids`` with an ``onnxruntime_genai.Model`` (greedy, or with ``sampling``: search options such as
+    temperature, top_k, top_p, repetition_penalty, random_seed); returns (new token ids, speculative stats).
 
     ``speculative`` goes to ``GeneratorParams.set_speculative_options`` (e.g. max_draft_tokens,
     ngram_size, min_adaptive_k); the stats are empty when none is given.
@@ -186,7 +188,7 @@ def genai_greedy(model, ids: list[int], max_new_tokens: int, **speculative) -> t
     import onnxruntime_genai as og
 
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=False)
+    params.set_search_options(max_length=len(ids) + max_new_tokens, do_sample=bool(sampling), **(sampling or {}))
     if speculative:
         params.set_speculative_options(**speculative)
     gen = og.Generator(model, params)

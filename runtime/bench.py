@@ -89,10 +89,11 @@ def load_prompts(path: Path) -> list[dict]:
 def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "model", max_new_tokens: int = 128,
               repeat: int = 1, chat: bool | None = None, provider: str = "cpu", threads: int | None = None,
               thread_pool: str = "session",
-              calibrate: bool = False, sampling: dict | None = None, progress=None) -> dict:
+              calibrate: bool = False, sampling: dict | None = None, progress=None,
+              draft_window: int | None = 512) -> dict:
     sampling = dict(sampling or {})
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
-                                     thread_pool=thread_pool)
+                                     thread_pool=thread_pool, draft_window=draft_window)
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
     sampling = spec.sampling_settings(**sampling)  # flags left out: the bundle's generation config
     if chat is None:
@@ -119,29 +120,39 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "mo
         for k, item in enumerate(prompts):
             ids = encode(item["prompt"])
             order = settings[(k + r) % len(settings):] + settings[:(k + r) % len(settings)]
-            tps = {}
+            tps, dps = {}, {}
             for s in order:
                 gen = base if s in ("none", ONE_POSITION) else spec
                 kw = {"bitwise": False} if s == ONE_POSITION else {} if s == "none" else {"num_draft_tokens": s}
+                for model in filter(None, (spec.target, lm)):
+                    model.reset()  # every run a new request: its prefill included (no prefix left by another)
                 res = gen.generate(input_ids=ids, max_new_tokens=max_new_tokens, seed=r, **sampling, **kw)
                 accs[str(s)].add(res.stats, item["id"])
-                tps[str(s)] = res.stats.tokens_per_s
+                tps[str(s)], dps[str(s)] = res.stats.tokens_per_s, _decode_rate(res.stats)
                 done += 1
                 if progress:
                     eta = (time.perf_counter() - t0) / done * (total - done)
                     progress(f"{done}/{total} runs, ETA {eta:.0f} s")
-            per_prompt.append(tps)
+            per_prompt.append((tps, dps))
     # the faster target-only decoding is the baseline of every speedup
     fastest = max(("none", ONE_POSITION), key=lambda s: accs[s].tokens / accs[s].seconds if accs[s].seconds else 0)
-    ratios = {str(g): [t[str(g)] / t[fastest] if t[fastest] else 0.0 for t in per_prompt] for g in gammas}
-    return _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat, sampling, provider, fastest)
+    ratios = {str(g): [t[str(g)] / t[fastest] if t[fastest] else 0.0 for t, _ in per_prompt] for g in gammas}
+    decode = {str(g): [d[str(g)] / d[fastest] if d[fastest] else 0.0 for _, d in per_prompt] for g in gammas}
+    return _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_tokens, chat, sampling, provider,
+                   fastest)
 
 
-def _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat, sampling, provider,
+def _decode_rate(s: Stats) -> float:
+    """Tokens/s after the first token (the prompt's prefill left out): what speculation speeds up."""
+    rest = s.total_time_s - s.first_token_s
+    return (s.new_tokens - 1) / rest if s.new_tokens > 1 and rest > 0 else 0.0
+
+
+def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_tokens, chat, sampling, provider,
             fastest: str) -> dict:
     b = accs[fastest]
     costs = profile["target_costs"]
-    draft_cost = 0.0 if drafter != "model" else float(profile.get("draft_cost", 0.0))
+    draft_cost = 0.0 if drafter not in ("model", "hybrid") else float(profile.get("draft_cost", 0.0))
 
     def split(a: _Acc) -> dict:
         t = a.seconds or 1.0
@@ -163,7 +174,8 @@ def _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat
             ideal = predicted_speedup(alphas, int(g), draft_cost, costs)
         speedup = statistics.median(ratios[str(g)]) if ratios[str(g)] else 0.0
         rows.append({"drafter": drafter, "num_draft_tokens": g, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0,
-                     "speedup": speedup, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
+                     "speedup": speedup,
+                     "decode_speedup": statistics.median(decode[str(g)]) if decode[str(g)] else 0.0, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
                      "per_position_acceptance": alphas,
                      "per_position_min_mass": [m / v if v else 0.0 for m, v in zip(a.min_mass, a.verified)],
                      "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
@@ -183,28 +195,32 @@ def _report(bundle, accs, ratios, gammas, profile, drafter, max_new_tokens, chat
 
 
 def format_table(report: dict) -> str:
-    head = (f"{'setting':<16}{'tok/s':>8}{'speedup':>9}{'ideal':>7}{'eff':>6}{'accept':>8}{'tok/rnd':>8}"
-            f"{'draft%':>7}{'target%':>8}{'other%':>7}{'p50ms':>7}{'p95ms':>7}{'p99ms':>7}")
+    head = (f"{'setting':<16}{'tok/s':>8}{'speedup':>9}{'decode':>8}{'ideal':>7}{'eff':>6}{'accept':>8}{'tok/rnd':>8}"
+            f"{'draft%':>7}{'target%':>8}{'other%':>7}{'p50ms':>7}{'p95ms':>7}{'p99ms':>7}{'ttft ms':>9}")
     lines = [head, "-" * len(head)]
     ref = report["baseline"]
     for kind, b in report["baselines"].items():
         name = "target bitwise" if kind == "bitwise" else "target 1-pos"
         lines.append(f"{name:<16}{b['tokens_per_s']:>8.1f}{b['tokens_per_s'] / ref['tokens_per_s']:>9.2f}"
-                     f"{'':>7}{'':>6}{'':>8}{1.0:>8.2f}"
+                     f"{'':>8}{'':>7}{'':>6}{'':>8}{1.0:>8.2f}"
                      f"{0:>7.0%}{b['time_split']['target']:>8.0%}{b['time_split']['overhead']:>7.0%}"
-                     f"{b['latency']['p50_ms']:>7.1f}{b['latency']['p95_ms']:>7.1f}{b['latency']['p99_ms']:>7.1f}")
+                     f"{b['latency']['p50_ms']:>7.1f}{b['latency']['p95_ms']:>7.1f}{b['latency']['p99_ms']:>7.1f}"
+                     f"{b['latency']['first_token_p50_ms']:>9.0f}")
     for r in report["settings"]:
         name = f"{r['drafter']} g={r['num_draft_tokens']}"
         t = r["time_split"]
-        lines.append(f"{name:<16}{r['tokens_per_s']:>8.1f}{r['speedup']:>9.2f}{r['ideal_speedup']:>7.2f}"
+        lines.append(f"{name:<16}{r['tokens_per_s']:>8.1f}{r['speedup']:>9.2f}{r['decode_speedup']:>8.2f}"
+                     f"{r['ideal_speedup']:>7.2f}"
                      f"{r['efficiency']:>6.2f}{r['acceptance_rate']:>8.0%}{r['mean_tokens_per_round']:>8.2f}"
                      f"{t['draft']:>7.0%}{t['target']:>8.0%}{t['overhead']:>7.0%}"
-                     f"{r['latency']['p50_ms']:>7.1f}{r['latency']['p95_ms']:>7.1f}{r['latency']['p99_ms']:>7.1f}")
+                     f"{r['latency']['p50_ms']:>7.1f}{r['latency']['p95_ms']:>7.1f}{r['latency']['p99_ms']:>7.1f}"
+                     f"{r['latency']['first_token_p50_ms']:>9.0f}")
     for r in report["settings"]:
         acc = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
         mass = " ".join(f"{a:.2f}" for a in r.get("per_position_min_mass") or [])
         lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}"
                      + (f"   (sum min(p, q): {mass})" if mass else ""))
+    lines.append("  speedup: tokens/s over the whole request; decode: after the first token (prefill left out)")
     lines.append(f"  speedups are against the faster target-only decoding: {ref['kind']} ("
                  "bitwise: every step a pass of two positions, output identical to speculative output; "
                  "1-pos: one-position steps, which round differently on quantized targets)")

@@ -56,7 +56,8 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="stop token id (repeatable; default: the bundle's)")
 
 
-def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", gamma: bool = True) -> None:
+def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", gamma: bool = True,
+                   window: bool = True) -> None:
     g = p.add_argument_group("runtime")
     g.add_argument("--drafter", default=drafter_default, choices=["model", "hybrid", "prompt-lookup", "none"],
                    help="where drafts come from: the bundle's draft model; hybrid (n-grams of the text so far "
@@ -67,6 +68,11 @@ def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", g
     if gamma:
         g.add_argument("--num-draft-tokens", default="4",
                        help="tokens drafted per round (integer) or 'auto' (cost model). Default 4")
+
+    if window:
+        g.add_argument("--draft-window", type=int, default=512, metavar="N",
+                       help="the draft model reads a long context as its first tokens plus about the last N "
+                            "(0: all of it). Never changes the output. Default 512")
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="onnxruntime execution provider")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: onnxruntime's)")
 
@@ -201,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _sampling_flags(p)
     p.set_defaults(do_sample=True)
-    _runtime_flags(p, drafter_default=None, gamma=False)
+    _runtime_flags(p, drafter_default=None, gamma=False, window=False)
 
     p = sub.add_parser("quality", help="compare a bundle's model with a reference bundle's on a text (agreement, "
                                        "KL, NLL)",
@@ -316,7 +322,7 @@ def cmd_generate(args) -> int:
                                              trust_remote_code=False, json=False)
             cmd_export(export_args)
     gen = SpeculativeGenerator.load(args.bundle, provider=args.provider, drafter=args.drafter,
-                                    threads=args.threads, thread_pool=POOL)
+                                    threads=args.threads, thread_pool=POOL, draft_window=args.draft_window or None)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                   seed=args.seed, num_draft_tokens=_gamma(args.num_draft_tokens),
@@ -372,7 +378,8 @@ def cmd_serve(args) -> int:
 
     serve(args.bundle, host=args.host, port=args.port, drafter=args.drafter,
           num_draft_tokens=_gamma(args.num_draft_tokens), provider=args.provider, threads=args.threads,
-          max_queue=args.max_queue, request_timeout=args.request_timeout, api_key=api_key,
+          draft_window=args.draft_window or None, max_queue=args.max_queue, request_timeout=args.request_timeout,
+          api_key=api_key,
           model_id=args.model_name, max_body=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
           ready=ready)
     return 0
@@ -414,6 +421,7 @@ def cmd_bench(args) -> int:
     report = run_bench(args.bundle, items, gammas, drafter=args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
                        provider=args.provider, threads=args.threads, thread_pool=POOL, calibrate=args.calibrate, sampling=sampling,
+                       draft_window=args.draft_window or None,
                        progress=lambda m: print(f"\r[ortspec bench] {m}    ", end="", file=sys.stderr, flush=True))
     print(file=sys.stderr)
     if args.out:

@@ -32,7 +32,7 @@ class FixedController:
     def choose(self) -> int:
         return self.gamma
 
-    def update(self, gamma: int, accepted: int, side: bool = False) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False) -> None:
         pass
 
 
@@ -142,13 +142,14 @@ class AutoController:
                 base.append(c * ratios[min(ratios, key=lambda j: (abs(j - k), j))])
         return {"target_costs": self._smoothed(base, self.drift() or 1.0), "draft_cost": self.draft_cost}
 
-    def update(self, gamma: int, accepted: int, side: bool = False) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False) -> None:
         """Learn from a round: its target pass time, and (unless the draft came from a ``side`` source the
-        controller does not plan, such as the hybrid drafter's lookups) the draft step and acceptance."""
+        controller does not plan, such as the hybrid drafter's lookups) the draft step and acceptance. The
+        first round, and one where a model read a prompt (``prefill``), time no step."""
         t_time = self.target.run_time_s - self._t
         d_time = (self.draft_lm.run_time_s - self._d) if self.draft_lm is not None else 0.0
         self._mark()
-        if not self._warm:
+        if not self._warm or prefill:
             self._warm = True
             return
         self.rounds += 1

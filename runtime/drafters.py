@@ -57,34 +57,60 @@ class NoDrafter:
         pass
 
 
+def check_window(window):
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 16):
+        raise ValueError(f"draft_window must be an integer >= 16 or None, got {window!r}")
+    return window
+
+
 class ModelDrafter:
-    """Drafts with the bundle's draft graph, keeping its own KV cache in step."""
+    """Drafts with the bundle's draft graph, keeping its own KV cache in step.
+
+    With a ``window``, the draft model reads a long context as its first SINK tokens plus the most recent
+    ``window`` or so (the start of that stretch moves in steps of half a window, so the draft re-reads at
+    most one window per half window of new text): a long prompt then costs the draft a window's prefill, and
+    its steps attend over a window instead of the whole context. What the draft sees changes only its
+    acceptance, never the output.
+    """
 
     name = "model"
+    SINK = 4  # leading tokens every view keeps (models lean on the first positions; dropping them hurts)
 
-    def __init__(self, lm: CausalLM):
-        self.lm = lm
+    def __init__(self, lm: CausalLM, window: int | None = None):
+        self.lm, self.window = lm, check_window(window)
+
+    def view(self, committed: Sequence[int]) -> list[int]:
+        """The tokens the draft model reads for this context."""
+        committed = list(committed)
+        n, w = len(committed), self.window
+        if w is None or n <= w + self.SINK:
+            return committed
+        step = max(1, w // 2)
+        start = max(self.SINK, ((n - w) // step) * step)
+        return committed[:self.SINK] + committed[start:]
 
     def sync(self, committed: Sequence[int]) -> None:
-        """Roll back to the fed tokens still on the committed path.
+        """Roll back to the fed tokens still on the committed path (as the draft reads it).
 
-        At most len(committed) - 1 are kept: the last committed token opens the
+        At most len(view) - 1 are kept: the last committed token opens the
         next round. When every draft was accepted the cache lacks d_gamma (it was
         sampled but never fed), so the next round feeds [d_gamma, bonus].
         """
-        self.lm.rollback(min(common_prefix(self.lm.tokens, committed), len(committed) - 1))
+        seen = self.view(committed)
+        self.lm.rollback(min(common_prefix(self.lm.tokens, seen), len(seen) - 1))
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         self.sync(committed)
         committed = list(committed)
+        seen = self.view(committed)
         if self.lm.length + gamma + 1 > self.lm.capacity:
-            gamma = max(0, self.lm.capacity - len(committed))
-        feed = committed[self.lm.length:]
+            gamma = max(0, self.lm.capacity - len(seen))
+        feed = seen[self.lm.length:]
         tokens: list[int] = []
         dists = []
         for _ in range(gamma):
             logits = self.lm.forward_rows(feed, keep=1)
-            if sampling:
+            if sampling:  # processors (repetition penalty) read the whole context, as the target's do
                 q = pipeline.row(logits[0], committed, tokens, inplace=True)
                 tok = q.sample(rng)
                 dists.append(q)
@@ -231,6 +257,9 @@ class HybridDrafter:
 
     def sync(self, committed) -> None:
         self.model.sync(committed)
+
+    def view(self, committed) -> list[int]:
+        return self.model.view(committed)
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         outcome = self.ngram.observe(committed)

@@ -96,3 +96,33 @@ def test_hybrid_drafter_is_offered(small_bundle, pair_bundle):
     gen = SpeculativeGenerator.load(small_bundle, drafter="hybrid")
     assert gen.drafter.name == "hybrid" and gen.drafter.lm is not None
     assert SpeculativeGenerator.load(pair_bundle).sibling("hybrid").drafter.name == "hybrid"
+
+
+def test_draft_window_view_keeps_the_first_tokens_and_a_recent_stretch():
+    from ortspec.drafters import ModelDrafter
+    d = ModelDrafter(lm=None, window=32)
+    short = list(range(30))
+    assert d.view(short) == short
+    long = list(range(100))
+    v = d.view(long)
+    assert v[:4] == [0, 1, 2, 3] and v[-1] == 99 and 32 <= len(v) - 4 <= 32 + 16
+    # the stretch's start moves in steps of half a window: one more token keeps the same view plus it
+    assert d.view(long + [100]) == v + [100]
+    with pytest.raises(ValueError, match="draft_window"):
+        ModelDrafter(lm=None, window=8)
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_windowed_draft_keeps_output_and_reads_less(pair_bundle, drafter):
+    full = SpeculativeGenerator.load(pair_bundle, drafter=drafter)
+    windowed = SpeculativeGenerator.load(pair_bundle, drafter=drafter, draft_window=24)
+    ids = [1] + [int(t) for t in (list(range(3, 60)) + list(range(10, 50)))]
+    want = full.sibling("none").generate(input_ids=ids, max_new_tokens=40, eos_token_id=[], do_sample=False)
+    got = windowed.generate(input_ids=ids, max_new_tokens=40, eos_token_id=[], do_sample=False, num_draft_tokens=3,
+                            strict=True)  # strict: the draft cache must hold exactly the windowed view
+    assert got.token_ids == want.token_ids
+    assert windowed.drafter.lm.length <= 4 + 24 + 12 + 3
+    twin = windowed.sibling(drafter).drafter
+    assert twin.lm is windowed.drafter.lm and getattr(twin, "model", twin).window == 24
+    with pytest.raises(ValueError, match="draft_window"):
+        SpeculativeGenerator.load(pair_bundle, draft_window=0)

@@ -135,13 +135,15 @@ def test_fuzzed_file_corruption_is_caught(tmp_path_factory, llama_bundle, offset
 
 
 # -- generate arguments ----------------------------------------------------------
+# Subnormal floats stay out: onnxruntime flushes denormals to zero (session.set_denormal_as_zero), which can leave
+# the calling thread unable to represent them, and hypothesis then refuses to draw them.
 ARGS = st.fixed_dictionaries({}, optional={
-    "max_new_tokens": st.one_of(st.integers(-2, 40), st.floats(allow_nan=True), st.just("8")),
+    "max_new_tokens": st.one_of(st.integers(-2, 40), st.floats(allow_nan=True, allow_subnormal=False), st.just("8")),
     "do_sample": st.one_of(st.booleans(), st.just(1)),
-    "temperature": st.one_of(st.floats(-1, 3), st.just(float("nan")), st.integers(-1, 3), st.just("hot")),
-    "top_k": st.one_of(st.integers(-3, 200), st.floats(0, 5)),
-    "top_p": st.one_of(st.floats(-0.5, 1.5), st.just(float("inf")), st.just(float("nan"))),
-    "repetition_penalty": st.one_of(st.floats(-1, 3), st.just(float("nan"))),
+    "temperature": st.one_of(st.floats(-1, 3, allow_subnormal=False), st.just(float("nan")), st.integers(-1, 3), st.just("hot")),
+    "top_k": st.one_of(st.integers(-3, 200), st.floats(0, 5, allow_subnormal=False)),
+    "top_p": st.one_of(st.floats(-0.5, 1.5, allow_subnormal=False), st.just(float("inf")), st.just(float("nan"))),
+    "repetition_penalty": st.one_of(st.floats(-1, 3, allow_subnormal=False), st.just(float("nan"))),
     "seed": st.one_of(st.none(), st.integers(-3, 2 ** 40), st.just(True)),
     "num_draft_tokens": st.one_of(st.integers(-2, 20), st.just("auto"), st.just("x"), st.none()),
     "eos_token_id": st.one_of(st.none(), st.integers(-1, 200), st.lists(st.integers(-1, 130), max_size=3)),

@@ -39,7 +39,7 @@ def test_fails_when_the_draft_reports_a_different_q(small_bundle):
     def report_unprocessed_q(gen):
         original = gen.drafter.propose
 
-        def propose(committed, gamma, pipeline, sampling, rng):
+        def propose(committed, gamma, pipeline, sampling, rng, limit=None):
             d = original(committed, gamma, pipeline, sampling, rng)
             if d.dists is None:
                 return d

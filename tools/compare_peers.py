@@ -2,10 +2,11 @@
 """Compare ortspec with other runtimes on the same pair and prompts, interleaved.
 
     python tools/compare_peers.py models/smollm2-135m --max-new-tokens 128 --out peers.json [--plot peers.png]
-        [--peers transformers,genai]
-        [--llama-cpp-bin /path/llama-speculative-simple --llama-cpp-target t.gguf --llama-cpp-draft d.gguf]
+        [--peers transformers,genai] [--sample]
+        [--llama-cpp ~/.cache/llama-cpp/bin --llama-cpp-target t.gguf --llama-cpp-draft d.gguf]
 
-Per prompt, in one process and rotating order, greedy decoding:
+Per prompt, in one process and rotating order, greedy decoding (or, with --sample, every runtime sampling at
+temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05):
 
 * ortspec: target-only, the bundle's draft (fixed gamma and auto), prompt-lookup;
 * transformers (PyTorch, CPU, fp32, from the same source weights the bundle was
@@ -15,11 +16,13 @@ Per prompt, in one process and rotating order, greedy decoding:
 * onnxruntime-genai on the bundle's own ONNX graphs (configs written with
   `ortspec export --genai-config`, done here when missing): target-only,
   draft-model speculative decoding (fixed K and adaptive K) and n-gram;
-* llama.cpp's `llama-speculative-simple`, if a binary is given (not installed
-  by ortspec).
+* llama.cpp, when its binaries are given (`../shared/tools/build-llama-cpp.sh` builds them; not installed by
+  ortspec): target-only (`llama-cli`) and speculative with the draft GGUF (`llama-speculative-simple
+  --spec-type draft-simple --spec-draft-n-max N`), each timed by llama.cpp's own decode counters (its
+  prompt processing left out: compare with ortspec's "decode" tokens/s).
 
 Prints tokens/s per runtime, the median per-prompt ratio against ortspec
-target-only, and how many runs produced tokens different from ortspec
+target-only, and (greedy) how many runs produced tokens different from ortspec
 target-only (same graphs should give the same tokens).
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sys
 import time
 
 REPO = Path(__file__).resolve().parent.parent
+SAMPLED = dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)  # Qwen2.5's recommended settings
 
 
 def load_hf(source: dict):
@@ -46,13 +50,13 @@ def load_hf(source: dict):
     return model
 
 
-def hf_run(model, ids, max_new, eos, **kw) -> tuple[list[int], float]:
+def hf_run(model, ids, max_new, eos, sampling=None, **kw) -> tuple[list[int], float]:
     import torch
     x = torch.tensor([ids])
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=eos, pad_token_id=eos[0], **kw)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=bool(sampling),
+                             eos_token_id=eos, pad_token_id=eos[0], **(sampling or {}), **kw)
     return out[0, len(ids):].tolist(), time.perf_counter() - t0
 
 
@@ -74,19 +78,38 @@ def genai_models(bundle: Path, threads: int, gamma: int):
     return alone, spec
 
 
-def genai_run(model, ids, max_new, **spec_opts) -> tuple[list[int], float]:
+def genai_run(model, ids, max_new, sampling=None, **spec_opts) -> tuple[list[int], float]:
     from ortspec.export.genai import genai_greedy
     t0 = time.perf_counter()
-    out, _ = genai_greedy(model, ids, max_new, **spec_opts)
+    out, _ = genai_greedy(model, ids, max_new, sampling, **spec_opts)
     return out, time.perf_counter() - t0
 
 
-def llama_cpp_run(binary, target, draft, prompt, max_new, threads) -> tuple[int, float] | None:
-    cmd = [binary, "-m", target, "-md", draft, "-p", prompt, "-n", str(max_new), "--temp", "0", "-t", str(threads),
-           "--draft-max", "4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", proc.stderr + proc.stdout)
-    return (int(m.group(1)), float(m.group(2))) if m else None
+def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampling=None) -> tuple[int, float] | None:
+    """(tokens decoded, seconds) of one llama.cpp run, from its own counters; target-only without a draft."""
+    opts = ["-p", prompt, "-n", str(max_new), "-t", str(threads), "--seed", "0"]
+    if sampling:
+        opts += ["--temp", str(sampling["temperature"]), "--top-p", str(sampling["top_p"]),
+                 "--top-k", str(sampling["top_k"]), "--repeat-penalty", str(sampling["repetition_penalty"])]
+    else:
+        opts += ["--temp", "0"]
+    if draft:
+        cmd = [str(Path(bin_dir) / "llama-speculative-simple"), "-m", target, "-md", draft, *opts,
+               "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma)]
+    else:
+        cmd = [str(Path(bin_dir) / "llama-cli"), "-m", target, *opts, "-no-cnv", "--no-display-prompt"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return parse_llama_cpp(proc.stderr + proc.stdout)
+
+
+def parse_llama_cpp(log: str) -> tuple[int, float] | None:
+    """Decode tokens and seconds from llama.cpp's log: the speculative tools' "decoded N tokens in S seconds",
+    or the eval line of its performance report ("eval time = MS ms / N runs")."""
+    m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", log)
+    if m:
+        return int(m.group(1)), float(m.group(2))
+    m = re.search(r"(?<!prompt )eval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
+    return (int(m.group(2)), float(m.group(1)) / 1000) if m else None
 
 
 def main() -> int:
@@ -101,10 +124,15 @@ def main() -> int:
     ap.add_argument("--plot")
     ap.add_argument("--peers", default="transformers,genai",
                     help="comma-separated peers to run besides ortspec: transformers, genai (default both)")
-    ap.add_argument("--llama-cpp-bin")
-    ap.add_argument("--llama-cpp-target")
-    ap.add_argument("--llama-cpp-draft")
+    ap.add_argument("--sample", action="store_true",
+                    help="every runtime samples (temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05)")
+    ap.add_argument("--llama-cpp", metavar="BIN_DIR", help="directory with llama-cli and llama-speculative-simple")
+    ap.add_argument("--llama-cpp-target", help="the target's GGUF file for llama.cpp")
+    ap.add_argument("--llama-cpp-draft", help="the draft's GGUF file for llama.cpp")
     args = ap.parse_args()
+    if args.llama_cpp and not args.llama_cpp_target:
+        ap.error("--llama-cpp needs --llama-cpp-target (and --llama-cpp-draft for its speculative run)")
+    sampling = SAMPLED if args.sample else None
     peers = {p.strip() for p in args.peers.split(",") if p.strip()}
     unknown = peers - {"transformers", "genai"}
     if unknown:
@@ -124,9 +152,11 @@ def main() -> int:
     prompts = load_prompts(Path(args.prompts))[: args.limit or None]
     g, new = args.num_draft_tokens, args.max_new_tokens
 
+    mode = dict(do_sample=True, seed=0, **sampling) if sampling else dict(do_sample=False)
+
     def ours(gen, **kw):
         return lambda ids, p: (lambda r: (list(r.token_ids), r.stats.total_time_s))(
-            gen.generate(input_ids=ids, max_new_tokens=new, do_sample=False, **kw))  # greedy, as the peers run
+            gen.generate(input_ids=ids, max_new_tokens=new, **mode, **kw))  # as the peers run
     runners = {"ortspec target-only": ours(base)}
     if b.draft is not None:
         runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)
@@ -137,22 +167,28 @@ def main() -> int:
         target_hf = load_hf(b.target.source)
         draft_src = b.draft.source if b.draft is not None else None
         assistant = load_hf(draft_src) if draft_src and draft_src.get("kind") != "self" else None
-        runners["transformers target-only"] = lambda ids, p: hf_run(target_hf, ids, new, eos)
-        runners[f"transformers prompt-lookup {g}"] = lambda ids, p: hf_run(target_hf, ids, new, eos,
+        runners["transformers target-only"] = lambda ids, p: hf_run(target_hf, ids, new, eos, sampling)
+        runners[f"transformers prompt-lookup {g}"] = lambda ids, p: hf_run(target_hf, ids, new, eos, sampling,
                                                                            prompt_lookup_num_tokens=g)
         if assistant is not None:
-            runners["transformers assisted"] = lambda ids, p: hf_run(target_hf, ids, new, eos,
+            runners["transformers assisted"] = lambda ids, p: hf_run(target_hf, ids, new, eos, sampling,
                                                                      assistant_model=assistant)
     if "genai" in peers:
-        runners["genai target-only"] = lambda ids, p: genai_run(alone, ids, new)
+        search = dict(sampling, random_seed=0) if sampling else None
+        runners["genai target-only"] = lambda ids, p: genai_run(alone, ids, new, search)
         if paired is not None:
-            runners[f"genai draft model K={g}"] = lambda ids, p: genai_run(paired, ids, new, max_draft_tokens=g)
+            runners[f"genai draft model K={g}"] = lambda ids, p: genai_run(paired, ids, new, search,
+                                                                           max_draft_tokens=g)
             runners["genai draft model adaptive K"] = lambda ids, p: genai_run(
-                paired, ids, new, max_draft_tokens=max(g, 8), min_adaptive_k=1)
-        runners[f"genai n-gram K={g}"] = lambda ids, p: genai_run(alone, ids, new, max_draft_tokens=g, ngram_size=3)
-    if args.llama_cpp_bin:
-        runners["llama.cpp speculative"] = lambda ids, p: llama_cpp_run(
-            args.llama_cpp_bin, args.llama_cpp_target, args.llama_cpp_draft, p, args.max_new_tokens, args.threads)
+                paired, ids, new, search, max_draft_tokens=max(g, 8), min_adaptive_k=1)
+        runners[f"genai n-gram K={g}"] = lambda ids, p: genai_run(alone, ids, new, search, max_draft_tokens=g,
+                                                                  ngram_size=3)
+    if args.llama_cpp:
+        runners["llama.cpp target-only (decode)"] = lambda ids, p: llama_cpp_run(
+            args.llama_cpp, args.llama_cpp_target, None, p, new, args.threads, g, sampling)
+        if args.llama_cpp_draft:
+            runners[f"llama.cpp speculative n={g} (decode)"] = lambda ids, p: llama_cpp_run(
+                args.llama_cpp, args.llama_cpp_target, args.llama_cpp_draft, p, new, args.threads, g, sampling)
     names = list(runners)
     rows = {n: [] for n in names}
     for k, item in enumerate(prompts):
@@ -173,14 +209,17 @@ def main() -> int:
             continue
         tps = sum(r["tokens"] for r in rows[n]) / sum(r["seconds"] for r in rows[n])
         ratios = [r["tokens_per_s"] / h["tokens_per_s"] for r, h in zip(rows[n], rows[ref])]
-        differ = sum(r["ids"] is not None and r["ids"] != h["ids"][:len(r["ids"])] for r, h in zip(rows[n], rows[ref]))
+        differ = None if sampling else sum(r["ids"] is not None and r["ids"] != h["ids"][:len(r["ids"])]
+                                           for r, h in zip(rows[n], rows[ref]))
         summary.append({"runtime": n, "tokens_per_s": tps, "ratio_vs_ortspec_target_only": statistics.median(ratios),
                         "min_ratio": min(ratios), "max_ratio": max(ratios), "runs_with_other_tokens": differ})
     print(f"{'runtime':<34}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}")
     for s in summary:
         span = f"{s['ratio_vs_ortspec_target_only']:.2f} ({s['min_ratio']:.2f}-{s['max_ratio']:.2f})"
-        print(f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{s['runs_with_other_tokens']:>14}")
+        other = "-" if s["runs_with_other_tokens"] is None else s["runs_with_other_tokens"]
+        print(f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{other:>14}")
     report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+              "sampling": sampling,
               "summary": summary, "per_prompt": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
@@ -190,7 +229,7 @@ def main() -> int:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(8, 3.5))
         ax.barh([s["runtime"] for s in summary], [s["tokens_per_s"] for s in summary])
-        ax.set_xlabel("tokens/s (greedy)")
+        ax.set_xlabel("tokens/s (sampled)" if sampling else "tokens/s (greedy)")
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
     return 0

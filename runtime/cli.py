@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft-tokens", default="1,2,3,4,6,8,auto", help="comma-separated gammas and/or 'auto'")
     p.add_argument("--kind", action="append", default=None,
                    help="use only prompts whose \"kind\" is this (repeatable), e.g. --kind edit")
+    p.add_argument("--id", action="append", default=None, dest="ids",
+                   help="use only the prompt with this \"id\" (repeatable)")
     p.add_argument("--repeat", type=int, default=1, help="passes over the prompts (default 1)")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")
     p.add_argument("--calibrate", action="store_true", help="re-measure step costs and store the profile")
@@ -418,6 +420,11 @@ def cmd_bench(args) -> int:
         if not items:
             raise ValueError(f"no prompt in {prompts_path} has kind {', '.join(args.kind)}; kinds there: "
                              f"{', '.join(k or '(none)' for k in kinds)}")
+    if args.ids:
+        unknown = sorted(set(args.ids) - {it.get("id") for it in items})
+        if unknown:
+            raise ValueError(f"no prompt in {prompts_path} has id {', '.join(unknown)}")
+        items = [it for it in items if it.get("id") in args.ids]
     report = run_bench(args.bundle, items, gammas, drafter=args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
                        provider=args.provider, threads=args.threads, thread_pool=POOL, calibrate=args.calibrate, sampling=sampling,

@@ -25,7 +25,8 @@ def test_bench_report_plot_and_profile(pair_bundle, tmp_path):
     proc = _bench(bundle, tmp_path, "--num-draft-tokens", "1,3,auto", "--out", str(out), "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     assert "runs, ETA" in proc.stderr  # progress while it runs
-    for label in ("target bitwise", "target 1-pos", "model g=1", "model g=3", "model g=auto", "ideal", "eff"):
+    for label in ("target bitwise", "target 1-pos", "model g=1", "model g=3", "model g=auto", "ideal", "eff", "decode",
+                  "ttft ms"):
         assert label in proc.stdout
     report = json.loads(out.read_text())
     assert report["baseline"]["tokens_per_s"] > 0
@@ -37,7 +38,7 @@ def test_bench_report_plot_and_profile(pair_bundle, tmp_path):
     settings = {s["num_draft_tokens"]: s for s in report["settings"]}
     assert set(settings) == {1, 3, "auto"}
     for gamma, s in settings.items():
-        assert s["tokens_per_s"] > 0 and s["speedup"] > 0 and s["ideal_speedup"] > 0
+        assert s["tokens_per_s"] > 0 and s["speedup"] > 0 and s["ideal_speedup"] > 0 and s["decode_speedup"] > 0
         assert abs(s["efficiency"] - s["speedup"] / s["ideal_speedup"]) < 1e-9
         assert 0 <= s["acceptance_rate"] <= 1 and s["mean_tokens_per_round"] >= 1
         if gamma != "auto":
@@ -57,3 +58,23 @@ def test_bench_kind_filter(pair_bundle, tmp_path):
     assert [p["prompt"] for p in json.loads(out.read_text())["settings"][0]["per_prompt"]] == ["b", "c"]
     proc = _bench(pair_bundle, tmp_path, "--kind", "poetry")
     assert proc.returncode == 2 and "kinds there: chat, edit" in proc.stderr
+    proc = _bench(pair_bundle, tmp_path, "--num-draft-tokens", "2", "--drafter", "hybrid", "--id", "c", "--id", "a",
+                  "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert [p["prompt"] for p in json.loads(out.read_text())["settings"][0]["per_prompt"]] == ["a", "c"]
+    proc = _bench(pair_bundle, tmp_path, "--id", "zz")
+    assert proc.returncode == 2 and "has id zz" in proc.stderr
+
+
+def test_llama_cpp_logs_are_parsed():
+    """compare_peers reads llama.cpp's own counters: the speculative tool's decode line, llama-cli's rate line."""
+    import importlib.util
+    where = Path(__file__).parents[1] / "tools" / "compare_peers.py"
+    spec = importlib.util.spec_from_file_location("compare_peers", where)
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    log = "0.09.316 I encoded   10 tokens in    0.272 seconds\n0.09.316 I decoded   33 tokens in    4.226 seconds, speed"
+    assert peers.parse_llama_cpp(log, 96) == (33, 4.226)
+    tokens, seconds = peers.parse_llama_cpp("[ Prompt: 58.6 t/s | Generation: 12.1 t/s ]", 32)
+    assert tokens == 32 and abs(tokens / seconds - 12.1) < 1e-9
+    assert peers.parse_llama_cpp("error: invalid argument", 32) is None

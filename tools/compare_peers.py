@@ -86,7 +86,9 @@ def genai_run(model, ids, max_new, sampling=None, **spec_opts) -> tuple[list[int
 
 
 def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampling=None) -> tuple[int, float] | None:
-    """(tokens decoded, seconds) of one llama.cpp run, from its own counters; target-only without a draft."""
+    """(tokens decoded, seconds) of one llama.cpp run, from its own counters. With a draft, the rendered prompt goes
+    to llama-speculative-simple as it is; without, the user's prompt goes to llama-cli for one chat turn (it applies
+    the model's chat template itself) and only its generation rate is known: the tokens count is then nominal."""
     opts = ["-p", prompt, "-n", str(max_new), "-t", str(threads), "--seed", "0"]
     if sampling:
         opts += ["--temp", str(sampling["temperature"]), "--top-p", str(sampling["top_p"]),
@@ -97,19 +99,19 @@ def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampl
         cmd = [str(Path(bin_dir) / "llama-speculative-simple"), "-m", target, "-md", draft, *opts,
                "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma)]
     else:
-        cmd = [str(Path(bin_dir) / "llama-cli"), "-m", target, *opts, "-no-cnv", "--no-display-prompt"]
+        cmd = [str(Path(bin_dir) / "llama-cli"), "-m", target, *opts, "-st", "--simple-io", "--no-display-prompt"]
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    return parse_llama_cpp(proc.stderr + proc.stdout)
+    return parse_llama_cpp(proc.stderr + proc.stdout, max_new)
 
 
-def parse_llama_cpp(log: str) -> tuple[int, float] | None:
-    """Decode tokens and seconds from llama.cpp's log: the speculative tools' "decoded N tokens in S seconds",
-    or the eval line of its performance report ("eval time = MS ms / N runs")."""
+def parse_llama_cpp(log: str, nominal: int) -> tuple[int, float] | None:
+    """Decode tokens and seconds from llama.cpp's log: the speculative tool's "decoded N tokens in S seconds", or
+    llama-cli's "[ Prompt: P t/s | Generation: G t/s ]" (``nominal`` tokens at rate G)."""
     m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", log)
     if m:
         return int(m.group(1)), float(m.group(2))
-    m = re.search(r"(?<!prompt )eval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
-    return (int(m.group(2)), float(m.group(1)) / 1000) if m else None
+    m = re.search(r"Generation:\s+([\d.]+)\s+t/s", log)
+    return (nominal, nominal / float(m.group(1))) if m and float(m.group(1)) > 0 else None
 
 
 def main() -> int:
@@ -155,7 +157,7 @@ def main() -> int:
     mode = dict(do_sample=True, seed=0, **sampling) if sampling else dict(do_sample=False)
 
     def ours(gen, **kw):
-        return lambda ids, p: (lambda r: (list(r.token_ids), r.stats.total_time_s))(
+        return lambda ids, p, raw: (lambda r: (list(r.token_ids), r.stats.total_time_s))(
             gen.generate(input_ids=ids, max_new_tokens=new, **mode, **kw))  # as the peers run
     runners = {"ortspec target-only": ours(base)}
     if b.draft is not None:
@@ -167,27 +169,27 @@ def main() -> int:
         target_hf = load_hf(b.target.source)
         draft_src = b.draft.source if b.draft is not None else None
         assistant = load_hf(draft_src) if draft_src and draft_src.get("kind") != "self" else None
-        runners["transformers target-only"] = lambda ids, p: hf_run(target_hf, ids, new, eos, sampling)
-        runners[f"transformers prompt-lookup {g}"] = lambda ids, p: hf_run(target_hf, ids, new, eos, sampling,
+        runners["transformers target-only"] = lambda ids, p, raw: hf_run(target_hf, ids, new, eos, sampling)
+        runners[f"transformers prompt-lookup {g}"] = lambda ids, p, raw: hf_run(target_hf, ids, new, eos, sampling,
                                                                            prompt_lookup_num_tokens=g)
         if assistant is not None:
-            runners["transformers assisted"] = lambda ids, p: hf_run(target_hf, ids, new, eos, sampling,
+            runners["transformers assisted"] = lambda ids, p, raw: hf_run(target_hf, ids, new, eos, sampling,
                                                                      assistant_model=assistant)
     if "genai" in peers:
         search = dict(sampling, random_seed=0) if sampling else None
-        runners["genai target-only"] = lambda ids, p: genai_run(alone, ids, new, search)
+        runners["genai target-only"] = lambda ids, p, raw: genai_run(alone, ids, new, search)
         if paired is not None:
-            runners[f"genai draft model K={g}"] = lambda ids, p: genai_run(paired, ids, new, search,
+            runners[f"genai draft model K={g}"] = lambda ids, p, raw: genai_run(paired, ids, new, search,
                                                                            max_draft_tokens=g)
-            runners["genai draft model adaptive K"] = lambda ids, p: genai_run(
+            runners["genai draft model adaptive K"] = lambda ids, p, raw: genai_run(
                 paired, ids, new, search, max_draft_tokens=max(g, 8), min_adaptive_k=1)
-        runners[f"genai n-gram K={g}"] = lambda ids, p: genai_run(alone, ids, new, search, max_draft_tokens=g,
+        runners[f"genai n-gram K={g}"] = lambda ids, p, raw: genai_run(alone, ids, new, search, max_draft_tokens=g,
                                                                   ngram_size=3)
     if args.llama_cpp:
-        runners["llama.cpp target-only (decode)"] = lambda ids, p: llama_cpp_run(
-            args.llama_cpp, args.llama_cpp_target, None, p, new, args.threads, g, sampling)
+        runners["llama.cpp target-only (decode)"] = lambda ids, p, raw: llama_cpp_run(
+            args.llama_cpp, args.llama_cpp_target, None, raw, new, args.threads, g, sampling)
         if args.llama_cpp_draft:
-            runners[f"llama.cpp speculative n={g} (decode)"] = lambda ids, p: llama_cpp_run(
+            runners[f"llama.cpp speculative n={g} (decode)"] = lambda ids, p, raw: llama_cpp_run(
                 args.llama_cpp, args.llama_cpp_target, args.llama_cpp_draft, p, new, args.threads, g, sampling)
     names = list(runners)
     rows = {n: [] for n in names}
@@ -195,7 +197,7 @@ def main() -> int:
         text = b.tokenizer_file and spec.codec.render_chat(item["prompt"])
         ids = spec.codec.encode(item["prompt"], chat=True)
         for n in names[k % len(names):] + names[: k % len(names)]:
-            got = runners[n](ids, text)
+            got = runners[n](ids, text, item["prompt"])
             if got:
                 tokens = got[0] if isinstance(got[0], list) else None
                 count = len(tokens) if tokens is not None else got[0]

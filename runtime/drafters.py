@@ -89,6 +89,11 @@ class ModelDrafter:
         start = max(self.SINK, ((n - w) // step) * step)
         return committed[:self.SINK] + committed[start:]
 
+    def unread(self, committed: Sequence[int]) -> int:
+        """Tokens of this context the draft model has yet to read (its next proposal feeds them first)."""
+        seen = self.view(committed)
+        return len(seen) - common_prefix(self.lm.tokens, seen)
+
     def sync(self, committed: Sequence[int]) -> None:
         """Roll back to the fed tokens still on the committed path (as the draft reads it).
 
@@ -260,6 +265,9 @@ class HybridDrafter:
 
     def view(self, committed) -> list[int]:
         return self.model.view(committed)
+
+    def unread(self, committed) -> int:
+        return self.model.unread(committed)
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         outcome = self.ngram.observe(committed)

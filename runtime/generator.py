@@ -354,8 +354,8 @@ class SpeculativeGenerator:
             lazy = False
             # 2. Draft gamma tokens with their sampling distributions q (a draft far behind reads the prompt now:
             #    that round's times say nothing about a step's cost).
-            draft_lm = getattr(self.drafter, "lm", None)
-            catching_up = bool(gamma) and draft_lm is not None and len(committed) - draft_lm.length > self.LAZY_PREFILL
+            catching_up = bool(gamma) and hasattr(self.drafter, "unread") and \
+                self.drafter.unread(committed) > self.LAZY_PREFILL
             draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats)
             free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
             if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess

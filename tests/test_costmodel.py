@@ -218,3 +218,22 @@ def test_drifted_costs_are_stored_as_the_new_profile(llama_bundle, tmp_path):
     assert stored["target_costs"][0] == fake["target_costs"][0]  # C_t(1) is not learned from bitwise steps
     assert max(stored["target_costs"][1:]) < 0.8 * max(fake["target_costs"][1:])
     assert json.loads((bundle / PROFILE_FILE).read_text())
+
+
+def test_rounds_outside_the_plan_teach_the_controller_nothing_they_should_not():
+    """A round where the draft read a prompt times no draft step; a side source's round (the hybrid's lookups)
+    times the target pass only; a long copy's pass (past max_gamma) is not a planned size."""
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(4, {"target_costs": [1.0] * 5, "draft_cost": 0.1, "alphas": [0.8] * 4}, target, draft)
+    ctl.update(0, 0)  # the first round (a prefill) is never a sample
+    before = (ctl.draft_cost, list(ctl.alphas), list(ctl.target_costs))
+    target.run_time_s += 1.0
+    draft.run_time_s += 30.0  # the draft read a long prompt this round
+    ctl.update(3, 0, prefill=True)
+    assert (ctl.draft_cost, ctl.alphas, ctl.target_costs) == before
+    target.run_time_s += 2.0
+    ctl.update(3, 0, side=True)  # a lookup round: its pass of 4 is timed, nothing else learned
+    assert ctl.target_costs[3] == 2.0 and (ctl.draft_cost, ctl.alphas) == before[:2]
+    target.run_time_s += 9.0
+    ctl.update(30, 30)  # a long copy
+    assert len(ctl.target_costs) == 5 and ctl.alphas == before[1]

@@ -126,3 +126,13 @@ def test_windowed_draft_keeps_output_and_reads_less(pair_bundle, drafter):
     assert twin.lm is windowed.drafter.lm and getattr(twin, "model", twin).window == 24
     with pytest.raises(ValueError, match="draft_window"):
         SpeculativeGenerator.load(pair_bundle, draft_window=0)
+
+
+def test_a_long_prompt_gets_its_first_token_from_the_target_alone(pair_bundle, monkeypatch):
+    monkeypatch.setattr(SpeculativeGenerator, "LAZY_PREFILL", 16)
+    gen = SpeculativeGenerator.load(pair_bundle)
+    ids = [1] + list(range(3, 60))
+    res = gen.generate(input_ids=ids, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[], do_sample=False)
+    assert res.stats.round_gammas[0] == 0 and max(res.stats.round_gammas[1:]) == 3
+    want = gen.sibling("none").generate(input_ids=ids, max_new_tokens=20, eos_token_id=[], do_sample=False)
+    assert res.token_ids == want.token_ids

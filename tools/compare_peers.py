@@ -157,13 +157,19 @@ def main() -> int:
     mode = dict(do_sample=True, seed=0, **sampling) if sampling else dict(do_sample=False)
 
     def ours(gen, **kw):
-        return lambda ids, p, raw: (lambda r: (list(r.token_ids), r.stats.total_time_s))(
-            gen.generate(input_ids=ids, max_new_tokens=new, **mode, **kw))  # as the peers run
+        def run(ids, p, raw):
+            for lm in filter(None, (spec.target, getattr(spec.drafter, "lm", None))):
+                lm.reset()  # a new request, as for the peers: no prefix cached by the runner before
+            r = gen.generate(input_ids=ids, max_new_tokens=new, **mode, **kw)
+            return list(r.token_ids), r.stats.total_time_s
+        return run
     runners = {"ortspec target-only": ours(base)}
     if b.draft is not None:
         runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)
         runners["ortspec draft model auto"] = ours(spec, num_draft_tokens="auto")
     runners[f"ortspec prompt-lookup g={g}"] = ours(lookup, num_draft_tokens=g)
+    if b.draft is not None:
+        runners[f"ortspec hybrid g={g}"] = ours(spec.sibling("hybrid"), num_draft_tokens=g)
     if "transformers" in peers:
         torch.set_num_threads(args.threads)
         target_hf = load_hf(b.target.source)
@@ -220,6 +226,16 @@ def main() -> int:
         span = f"{s['ratio_vs_ortspec_target_only']:.2f} ({s['min_ratio']:.2f}-{s['max_ratio']:.2f})"
         other = "-" if s["runs_with_other_tokens"] is None else s["runs_with_other_tokens"]
         print(f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{other:>14}")
+    kinds = sorted({item.get("kind") for item in prompts} - {None})
+    if len(kinds) > 1:  # the median ratio per prompt kind
+        kind_of = {item["id"]: item.get("kind") for item in prompts}
+        print(f"\n{'median ratio by prompt kind':<34}" + "".join(f"{k:>10}" for k in kinds))
+        for s_ in summary:
+            n = s_["runtime"]
+            by = {k: [r["tokens_per_s"] / h["tokens_per_s"] for r, h in zip(rows[n], rows[ref])
+                      if kind_of.get(r["prompt"]) == k] for k in kinds}
+            s_["ratio_by_kind"] = {k: statistics.median(v) for k, v in by.items() if v}
+            print(f"{n:<34}" + "".join(f"{s_['ratio_by_kind'].get(k, float('nan')):>10.2f}" for k in kinds))
     report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "sampling": sampling,
               "summary": summary, "per_prompt": rows}

@@ -178,10 +178,18 @@ class PromptLookupDrafter:
         return self.draft(committed, tokens, gamma, sampling)
 
     def draft(self, committed, tokens: list[int], gamma: int, sampling: bool, side: bool = False) -> Draft:
-        self._outcomes.proposed(committed, tokens, gamma)
+        self.remember(committed, tokens, gamma)
         if not tokens:
             return Draft.empty()
         return Draft(tokens, [Dist.one_hot(t) for t in tokens] if sampling else None, side)
+
+    def remember(self, committed: Sequence[int], tokens: list[int], gamma: int) -> None:
+        """Note a proposal (this drafter's, or another source's in its place) to read its outcome next round."""
+        self._outcomes.proposed(committed, tokens, gamma)
+
+    def end_run(self) -> None:
+        """The text stopped copying (another source drafted): the next lookup starts without a run."""
+        self._run = 0
 
     def observe(self, committed: Sequence[int]) -> tuple[int, int, int] | None:
         """Read what became of the last proposal and update the copy run and the long proposals' acceptance."""
@@ -273,7 +281,7 @@ class HybridDrafter:
         outcome = self.ngram.observe(committed)
         self._learn(outcome)
         if self._source == "model":
-            self.ngram._run = 0  # a copy runs only through lookups
+            self.ngram.end_run()  # a copy runs only through lookups
         limit = gamma if limit is None else limit
         if gamma < 1:
             return Draft.empty()
@@ -285,7 +293,7 @@ class HybridDrafter:
         self._source = "model"
         self.model_rounds += 1
         draft = self.model.propose(committed, gamma, pipeline, sampling, rng)
-        self.ngram._outcomes.proposed(committed, draft.tokens, gamma)  # model rounds are read back the same way
+        self.ngram.remember(committed, draft.tokens, gamma)  # model rounds are read back the same way
         return draft
 
     def _learn(self, outcome) -> None:

@@ -178,15 +178,21 @@ class AutoController:
                 self.alphas[j] = self.DEEPER * self.alphas[j - 1]
 
 
+def planning_costs(profile: dict | None, bitwise: bool) -> list[float]:
+    """A profile's target pass costs C_t(1..) as decisions read them: with bitwise passes a target-only step is
+    a pass of two positions, so C_t(1) is C_t(2)."""
+    costs = list((profile or {}).get("target_costs") or [])
+    if bitwise and len(costs) >= 2:
+        costs[0] = costs[1]
+    return costs
+
+
 def make_controller(speculation: SpeculationConfig, generator):
     if speculation.num_draft_tokens == "auto":
         lm = getattr(generator.drafter, "lm", None)
         profile = dict(generator.profile())
         if lm is None:
             profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
-        costs = list(profile.get("target_costs") or [])
-        if speculation.bitwise and len(costs) >= 2:
-            costs[0] = costs[1]  # bitwise target-only steps are passes of two positions
-        profile["target_costs"] = costs
+        profile["target_costs"] = planning_costs(profile, speculation.bitwise)
         return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
     return FixedController(int(speculation.num_draft_tokens))

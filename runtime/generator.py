@@ -12,7 +12,7 @@ import numpy as np
 
 from .bundle import Bundle, load_bundle
 from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
-from .controller import make_controller
+from .controller import make_controller, planning_costs
 from .drafters import (Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window,
                        common_prefix)
 from .errors import BundleError, CacheOverflowError, OrtspecError
@@ -164,6 +164,7 @@ class SpeculativeGenerator:
         self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
         self._lock = threading.Lock()
         self._profile: dict | None = None
+        self._profile_read = False  # the stored profile was looked for (drafters that size proposals read it)
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
         self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
@@ -395,13 +396,10 @@ class SpeculativeGenerator:
         sizes its proposals with them (long copies, the hybrid's choice)."""
         if not hasattr(self.drafter, "pass_costs"):
             return
-        if self._profile is None:
+        if self._profile is None and not self._profile_read:
             from .calibrate import load_profile
-            self._profile = load_profile(self.bundle.root, self.target.provider)
-        costs = list((self._profile or {}).get("target_costs") or [])
-        if bitwise and len(costs) >= 2:
-            costs[0] = costs[1]  # bitwise target-only steps are passes of two positions
-        self.drafter.pass_costs = costs or None
+            self._profile, self._profile_read = load_profile(self.bundle.root, self.target.provider), True
+        self.drafter.pass_costs = planning_costs(self._profile, bitwise) or None
         if hasattr(self.drafter, "draft_cost"):
             self.drafter.draft_cost = (self._profile or {}).get("draft_cost")
 

@@ -24,26 +24,26 @@ import tempfile
 LLAMA_TINY = dict(vocab_size=16, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
+def _qwen(vocab: int, hidden: int, inter: int, layers: int, heads: int, kv_heads: int, positions: int = 32768) -> dict:
+    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+                tie_word_embeddings=True)
+
+
 SHAPES = {
     "real": {
         "smollm2": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
-        "qwen-target": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                            num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
-                            tie_word_embeddings=True),
-        "qwen-draft": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                           num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                           tie_word_embeddings=True),
+        "qwen-target": _qwen(151936, 1536, 8960, 28, 12, 2),   # Qwen2.5-1.5B
+        "qwen-draft": _qwen(151936, 896, 4864, 24, 14, 2),     # Qwen2.5-0.5B
     },
     "tiny": {
         "smollm2": dict(LLAMA_TINY, vocab_size=512, max_position_embeddings=1024),
-        "qwen-target": dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                            tie_word_embeddings=True),
-        "qwen-draft": dict(vocab_size=512, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                           tie_word_embeddings=True),
+        "qwen-target": _qwen(512, 64, 96, 2, 4, 2, positions=1024),
+        "qwen-draft": _qwen(512, 32, 48, 1, 2, 1, positions=1024),
     },
 }
 

@@ -40,7 +40,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
-    graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama/Qwen2/Mistral),
+    graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3),
     "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
     dtype: None (default): a .gguf source exported without --*-quant keeps the file's quantized weights as they
         are (MatMulNBits/GatherBlockQuantized holding the file's codes and scales: the GGUF model itself, no

@@ -34,9 +34,12 @@ def export_model(model, out_dir: Path, graph: str = "auto", dtype: str = "fp32")
         from .fused import build_fused
         return build_fused(model, out_dir, dtype)
     if dtype != "fp32":
-        raise ExportError("fp16 bundles need the fused graph (Llama/Qwen2/Mistral); export this model as fp32")
+        raise ExportError("fp16 bundles need the fused graph (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3); export this model as fp32")
     from optimum.exporters.onnx import onnx_export_from_model
 
+    if getattr(model.config, "attn_logit_softcapping", None):
+        # PyTorch's sdpa attention has no soft cap and drops it silently (Gemma 2); trace the eager one
+        model.set_attn_implementation("eager")
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".optimum-") as raw:
         try:
@@ -68,7 +71,13 @@ def keep_logits_rows(path: Path) -> None:
     graph = model.graph
     if any(i.name == KEEP_INPUT for i in graph.input):
         return
-    producer = next((n for n in graph.node if "logits" in n.output), None)
+    producers = {out: n for n in graph.node for out in n.output}
+    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    producer = producers.get("logits")
+    # element-wise steps after the output layer (Gemma 2's soft cap: Div, Tanh, Mul) keep rows where they are
+    while producer is not None and producer.op_type in ("Div", "Mul", "Tanh", "Add", "Sub", "Cast"):
+        varying = [x for x in producer.input if x not in constants]
+        producer = producers.get(varying[0]) if len(varying) == 1 else None
     if producer is None or producer.op_type != "MatMul":
         raise ExportError(f"{path}: its logits do not come from one MatMul, so the output layer cannot be limited "
                           "to the positions the runtime uses; export with --graph fused or report the model")

@@ -49,7 +49,7 @@ def load_source(src: str, trust_remote_code: bool = False) -> Source:
         where = info["ref"]
     try:
         tokenizer = _tokenizer(AutoTokenizer, where, info, kwargs)
-        model = AutoModelForCausalLM.from_pretrained(where, torch_dtype=torch.float32, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
     except ValueError as exc:
         msg = str(exc)
         if "trust_remote_code" in msg:

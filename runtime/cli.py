@@ -104,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="a known pair from models/*.toml (e.g. smollm2-135m, qwen2.5-coder) or a .toml path; "
                                     "fetches the weights and fills in --target/--draft/--*-quant")
     p.add_argument("--graph", default="auto", choices=["auto", "fused", "optimum"],
-                   help="fused: onnxruntime contrib operators with an in-place KV cache (Llama/Qwen2/Mistral, "
-                        "fastest); optimum: optimum's text-generation-with-past export (any architecture it "
-                        "knows); auto (default): fused where supported")
+                   help="fused: onnxruntime contrib operators with an in-place KV cache (Llama, Qwen2/3, Mistral, "
+                        "Phi-3, Gemma 2/3; fastest); optimum: optimum's text-generation-with-past export (any "
+                        "architecture it knows); auto (default): fused where supported")
     p.add_argument("--dtype", default=None, choices=["fp32", "fp16"],
                    help="float weights of this precision (fp16 is for the CUDA provider, fused graphs only). "
                         "Default: a .gguf source keeps its quantized weights as the file has them (Q4_0, Q4_1, "

@@ -35,29 +35,71 @@ def family_bundles(workdir, hf_models):
 
 
 def torch_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
+    """The reference: PyTorch's eager attention (its sdpa path drops Gemma 2's soft cap on attention scores)."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def assert_logits_match_torch(lm: CausalLM, model_dir: Path) -> None:
+    """Prefill, decode steps reading the past, a multi-token pass, and a pass after a rollback, each equal
+    to PyTorch's logits for the same tokens."""
+    ids = [1, 17, 5, 99, 42, 8, 63, 120, 3, 77]
+    ref = torch_logits(model_dir, ids)
+    np.testing.assert_allclose(lm.prefill(ids[:6]), ref[:6], atol=1e-4)
+    for k in range(6, 9):
+        np.testing.assert_allclose(lm.forward([ids[k]])[0], ref[k], atol=1e-4)
+    np.testing.assert_allclose(lm.forward(ids[9:]), ref[9:], atol=1e-4)
+    lm.rollback(4)  # a rejected block: the next positions see only the first 4 tokens
+    alt = ids[:4] + [11, 12, 13]
+    np.testing.assert_allclose(lm.forward(alt[4:]), torch_logits(model_dir, alt)[4:], atol=1e-4)
 
 
 @pytest.mark.parametrize("family,graph", GRAPH_KINDS)
 def test_onnx_logits_equal_pytorch_for_prefill_and_decode(family, graph, family_bundles, hf_models):
     bundle = load_bundle(family_bundles[(family, graph)])
     assert bundle.target.kv_cache == ("static" if graph == "fused" else "concat")
-    lm = CausalLM(bundle.target, str(bundle.file(bundle.target.path)))
-    ids = [1, 17, 5, 99, 42, 8, 63, 120, 3, 77]
-    ref = torch_logits(hf_models[family], ids)
-    prefill = lm.prefill(ids[:6])
-    np.testing.assert_allclose(prefill, ref[:6], atol=1e-4)
-    for k in range(6, 9):  # decode steps reading the past
-        np.testing.assert_allclose(lm.forward([ids[k]])[0], ref[k], atol=1e-4)
-    np.testing.assert_allclose(lm.forward(ids[9:]), ref[9:], atol=1e-4)
-    lm.rollback(4)  # a rejected block: the next positions see only the first 4 tokens
-    alt = ids[:4] + [11, 12, 13]
-    np.testing.assert_allclose(lm.forward(alt[4:]), torch_logits(hf_models[family], alt)[4:], atol=1e-4)
+    assert_logits_match_torch(CausalLM(bundle.target, str(bundle.file(bundle.target.path))), hf_models[family])
     if graph == "optimum" and family != "gpt2":
         assert bundle.target.position_ids == "position_ids"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2", "gemma3", "mistral"])
+def test_fused_families_equal_pytorch_and_decode_greedy_alike(family, workdir):
+    """Each family's features on (tests/tiny.FAMILY_CONFIGS): q/k norms, packed QKV and gate/up, partial
+    rotary, Gemma's scaled embeddings, sandwich norms, soft caps and local rotary table, and sliding windows
+    shorter than the test's sequences, so decode steps past the window are covered."""
+    from transformers import AutoModelForCausalLM
+    from tiny import make_model
+    from ortspec import SpeculativeGenerator
+    src = make_model(family, workdir / f"more_{family}", vocab=128, seed=0)
+    out = export_bundle(target=str(src), draft="self", draft_quant="int4", out=workdir / f"more_{family}_b",
+                        progress=None)
+    bundle = load_bundle(out)
+    assert bundle.target.kv_cache == "static"  # graph "auto" chose the fused builder
+    assert_logits_match_torch(CausalLM(bundle.target, str(bundle.file(bundle.target.path))), src)
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, attn_implementation="eager").eval()
+    ids = [1, 17, 5, 99]
+    want = list(ids)
+    with torch.no_grad():
+        for _ in range(16):
+            want.append(int(model(torch.tensor([want])).logits[0, -1].argmax()))
+    got = SpeculativeGenerator.load(out).generate(input_ids=ids, max_new_tokens=16, eos_token_id=[],
+                                                  do_sample=False, num_draft_tokens=3)
+    assert got.token_ids == want[len(ids):]
+
+
+def test_optimum_graph_keeps_gemma2_soft_caps(workdir):
+    """optimum's graph of Gemma 2: the output layer is found behind the logits' soft cap (rows are kept
+    before it), and the attention scores' soft cap is traced (PyTorch's sdpa path would drop it)."""
+    from tiny import make_model
+    src = make_model("gemma2", workdir / "opt_gemma2", vocab=128, seed=0)
+    out = export_bundle(target=str(src), out=workdir / "opt_gemma2_b", graph="optimum", progress=None)
+    bundle = load_bundle(out)
+    assert bundle.target.kv_cache == "concat"
+    assert_logits_match_torch(CausalLM(bundle.target, str(bundle.file(bundle.target.path))), src)
 
 
 def test_auto_graph_falls_back_to_optimum_where_fused_cannot(family_bundles, workdir, hf_models):

@@ -23,6 +23,25 @@ def save_tokenizer(vocab: int, out: Path, shift: int = 0) -> None:
     fast.save_pretrained(str(out))
 
 
+# families the fused builder covers beyond llama/qwen2, with each family's features switched on at sizes a
+# ten-token test reaches: windows of 4-5 positions, soft caps the random logits exceed, partial rotary,
+# a local rotary table different from the global one
+FAMILY_CONFIGS = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=4)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
+              dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=5, partial_rotary_factor=0.5,
+                                                  num_attention_heads=2, num_key_value_heads=1)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                    final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention"])),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(sliding_window=4, query_pre_attn_scalar=24, rope_theta=1e6, rope_local_base_freq=1e4,
+                    rope_scaling={"rope_type": "linear", "factor": 2.0},
+                    layer_types=["sliding_attention", "full_attention"])),
+}
+
+
 def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: int = 2,
                tokenizer: bool = True, tokenizer_shift: int = 0, scale: float = 1.0,
                perturb: float = 0.0, perturb_seed: int = 99, positions: int = 256, hidden: int = 64) -> Path:
@@ -43,6 +62,18 @@ def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: 
             vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3 // 2, num_hidden_layers=layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
             bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, initializer_range=0.2))
+    elif family in FAMILY_CONFIGS:
+        import transformers
+        config_cls, model_cls, extra = FAMILY_CONFIGS[family]
+        common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3 // 2,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=positions, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                      tie_word_embeddings=family.startswith("gemma"), initializer_range=0.2)
+        extra = dict(extra)
+        if "layer_types" in extra:
+            extra["layer_types"] = [extra["layer_types"][i % 2] for i in range(layers)]
+        common["head_dim"] = hidden // extra.get("num_attention_heads", 4)
+        model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**{**common, **extra}))
     elif family == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4,
                                            n_positions=256, bos_token_id=1, eos_token_id=2, initializer_range=0.2))

@@ -177,9 +177,9 @@ class SpeculativeGenerator:
              draft_window: int | None = 512) -> "SpeculativeGenerator":
         """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none".
 
-        thread_pool: "session" (a thread pool per model, onnxruntime's default) or "shared" (both models on
-        onnxruntime's process-wide pool: faster, as the draft and target alternate; but onnxruntime then
-        requires every later session in the process to use it, and export must run in another process).
+        thread_pool: "session" (a thread pool per model, spinning only while that model runs) or "shared"
+        (both models on onnxruntime's process-wide pool, as the commands run; about as fast, but onnxruntime
+        then requires every later session in the process to use it, and export must run in another process).
 
         logits: where a decoding round's logits rows stay. "device" leaves them on the execution provider's
         device and reads only each row's largest entries there (greedy and top-k sampling; other settings

@@ -56,6 +56,18 @@ def export_model(model, out_dir: Path, graph: str = "auto", dtype: str = "fp32")
         return consolidate(src, out_dir / "model.onnx")
 
 
+def output_layer(graph):
+    """The node computing the logits before any element-wise steps after it (Gemma 2's soft cap: Div, Tanh,
+    Mul), i.e. the output layer's MatMul (or MatMulNBits); None when the chain is not that simple."""
+    producers = {out: n for n in graph.node for out in n.output}
+    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
+    producer = producers.get("logits")
+    while producer is not None and producer.op_type in ("Div", "Mul", "Tanh", "Add", "Sub", "Cast"):
+        varying = [x for x in producer.input if x not in constants]
+        producer = producers.get(varying[0]) if len(varying) == 1 else None
+    return producer
+
+
 def keep_logits_rows(path: Path) -> None:
     """Give the graph at ``path`` an input ``logits_to_keep`` (int64 [1]): the output layer runs on the last
     that many positions only, so a prompt's other positions cost their K/V and nothing more.
@@ -71,13 +83,7 @@ def keep_logits_rows(path: Path) -> None:
     graph = model.graph
     if any(i.name == KEEP_INPUT for i in graph.input):
         return
-    producers = {out: n for n in graph.node for out in n.output}
-    constants = {t.name for t in graph.initializer} | {n.output[0] for n in graph.node if n.op_type == "Constant"}
-    producer = producers.get("logits")
-    # element-wise steps after the output layer (Gemma 2's soft cap: Div, Tanh, Mul) keep rows where they are
-    while producer is not None and producer.op_type in ("Div", "Mul", "Tanh", "Add", "Sub", "Cast"):
-        varying = [x for x in producer.input if x not in constants]
-        producer = producers.get(varying[0]) if len(varying) == 1 else None
+    producer = output_layer(graph)
     if producer is None or producer.op_type != "MatMul":
         raise ExportError(f"{path}: its logits do not come from one MatMul, so the output layer cannot be limited "
                           "to the positions the runtime uses; export with --graph fused or report the model")

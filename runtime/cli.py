@@ -91,10 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model: hub id, model directory or .gguf file")
     p.add_argument("--draft", help="draft model (same kinds as --target), or 'self' for a quantized copy of the target")
-    p.add_argument("--draft-quant", choices=["int8", "int4", "int8w"],
+    p.add_argument("--draft-quant", choices=["int8", "int4", "int4a", "int4a-h8", "int8w"],
                    help="quantize the draft: int8 (dynamic), int4 (MatMulNBits 4-bit, block 32, symmetric), "
+                        "int4a (4-bit with a zero point per block), int4a-h8 (int4a with an 8-bit output layer), "
                         "int8w (MatMulNBits 8-bit weights: most faithful cheap draft)")
-    p.add_argument("--target-quant", choices=["int8", "int4", "int8w"],
+    p.add_argument("--target-quant", choices=["int8", "int4", "int4a", "int4a-h8", "int8w"],
                    help="quantize the target weights: int4 or int8w (both row-local, so output stays bitwise "
                         "exact); int8 (dynamic, one activation scale per pass) is refused for targets")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",

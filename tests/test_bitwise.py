@@ -38,11 +38,18 @@ def kinds(workdir, hf_models):
                                             progress=None)
     out["llama-fp32-optimum"] = export_bundle(target=str(hf_models["llama"]), out=workdir / "bw_llama_optimum",
                                               graph="optimum", progress=None)
+    out["qwen2-int4a-h8"] = export_bundle(target=str(hf_models["qwen2"]), out=workdir / "bw_qwen2_int4a_h8",
+                                          target_quant="int4a-h8", progress=None)
+    from tiny import make_model
+    for fam in ("qwen3", "phi3", "gemma2", "gemma3"):  # windows, soft caps, q/k norms: fused graphs too
+        src = make_model(fam, workdir / f"bw_src_{fam}", vocab=128, seed=0)
+        out[f"{fam}-fp32"] = export_bundle(target=str(src), out=workdir / f"bw_{fam}_fp32", progress=None)
     return out
 
 
 KINDS = ["llama-fp32", "llama-fp16", "llama-int4", "llama-int8w", "qwen2-fp32", "qwen2-fp16", "qwen2-int4",
-         "qwen2-int8w", "llama-fp32-optimum"]
+         "qwen2-int8w", "llama-fp32-optimum", "qwen2-int4a-h8", "qwen3-fp32", "phi3-fp32", "gemma2-fp32",
+         "gemma3-fp32"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

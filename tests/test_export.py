@@ -132,7 +132,7 @@ def test_manifest_fields_and_checksums(llama_bundle):
     assert not list(llama_bundle.parent.glob(".b_llama.partial-*"))
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "int8w"])
+@pytest.mark.parametrize("method", ["int8", "int4", "int4a", "int4a-h8", "int8w"])
 def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     out = export_bundle(target=str(hf_models["small_target"]), draft="self", draft_quant=method,
                         out=workdir / f"q_{method}", progress=None)
@@ -142,9 +142,15 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     import onnx
     matmuls = sum(n.op_type == "MatMul" for n in onnx.load(str(out / "target" / "model.onnx"),
                                                           load_external_data=False).graph.node)
-    if method == "int4":  # every MatMul (lm_head included) and the embedding are quantized
+    if method.startswith("int4"):  # every MatMul (lm_head included) and the embedding are quantized
         assert q["quantized_nodes"].get("GatherBlockQuantized") == 1
         assert q["quantized_nodes"]["MatMulNBits"] == matmuls and q["bits"] == 4
+        graph = onnx.load(str(out / "draft" / "model.onnx"), load_external_data=False).graph
+        nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+        with_zeros = [n for n in nbits if len(n.input) > 3 and n.input[3]]
+        head_bits = [a.i for n in nbits if "logits" in n.output for a in n.attribute if a.name == "bits"]
+        assert q["symmetric"] == (method == "int4") and len(with_zeros) == (0 if method == "int4" else matmuls)
+        assert head_bits == [8 if method == "int4a-h8" else 4] and q["head_bits"] == head_bits[0]
     elif method == "int8w":  # 8-bit weights for every MatMul; onnxruntime gathers only 4-bit blocks
         assert q["quantized_nodes"]["MatMulNBits"] == matmuls and q["bits"] == 8
     else:
@@ -154,7 +160,7 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     ids = list(np.random.default_rng(0).integers(3, 16, 60))
     agree = np.mean(fp.prefill(ids).argmax(-1) == qd.prefill(ids).argmax(-1))
     # "most positions": 4-bit blocks of 32 span a whole row of these 32-wide random layers
-    assert agree >= (0.5 if method == "int4" else 0.8), agree
+    assert agree >= (0.5 if method.startswith("int4") else 0.8), agree
     assert bundle.draft.size_bytes["model.onnx.data"] < bundle.target.size_bytes["model.onnx.data"]
 
 

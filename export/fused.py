@@ -98,8 +98,7 @@ def layout(cfg) -> Layout:
         attn_softcap=float(getattr(cfg, "attn_logit_softcapping", None) or 0.0) if gemma else 0.0,
         final_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0) if gemma else 0.0,
         windows=windows,
-        local_rotary=[kind == "gemma3_text" and w > 0 for w in windows]
-        if types is None else [kind == "gemma3_text" and t == "sliding_attention" for t in types])
+        local_rotary=[kind == "gemma3_text" and t == "sliding_attention" for t in types or ["full"] * layers])
 
 
 def supports(model) -> str | None:

@@ -78,7 +78,7 @@ def dev_prompts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def smol(tmp_path_factory):
-    """The real SmolLM2-135M-Instruct pair of recipe smollm2-135m (fp32 target, INT4 self-draft)."""
+    """The real SmolLM2-135M-Instruct pair of recipe smollm2-135m (fp32 target, 8-bit-weight self-draft)."""
     pytest.importorskip("torch")
     from ortspec.export import export_bundle
     from ortspec.export.recipes import resolve_recipe

@@ -50,6 +50,7 @@ class AutoController:
         prof = profile or {}
         self.alphas = list(prof.get("alphas") or [0.7] * max_gamma)[:max_gamma]
         self.alphas += [self.alphas[-1]] * (max_gamma - len(self.alphas))
+        self.measured = [False] * max_gamma  # positions whose acceptance this controller has observed
         self.draft_cost = prof.get("draft_cost")
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
@@ -173,9 +174,11 @@ class AutoController:
         for i in range(min(gamma, accepted + 1, self.max_gamma)):  # a long copy may run past max_gamma
             hit = 1.0 if i < accepted else 0.0
             self.alphas[i] += weight * (hit - self.alphas[i])
-        if gamma:  # positions not proposed this round: a little worse than the one before
+            self.measured[i] = True
+        if gamma:  # positions never proposed: a little worse than the one before; observed ones keep theirs
             for j in range(gamma, self.max_gamma):
-                self.alphas[j] = self.DEEPER * self.alphas[j - 1]
+                if not self.measured[j]:
+                    self.alphas[j] = self.DEEPER * self.alphas[j - 1]
 
 
 def planning_costs(profile: dict | None, bitwise: bool) -> list[float]:

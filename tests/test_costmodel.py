@@ -131,6 +131,22 @@ def test_auto_does_not_extrapolate_unmeasured_positions_upward():
     assert all(ctl.alphas[j] <= 0.9 * ctl.alphas[j - 1] + 1e-12 for j in range(2, 8))
 
 
+def test_auto_keeps_what_it_learned_about_deeper_positions():
+    """Rounds at a shorter draft length do not erase the acceptance observed further out: a good draft
+    measured at γ = 4 stays worth drafting 4 after some γ = 2 rounds (else the controller, once short,
+    would predict the deeper positions from the 0.9 prior and never go back)."""
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(8, {"target_costs": [1.0] * 9, "draft_cost": 0.05, "alphas": [0.7] * 8}, target, draft)
+    ctl.update(4, 4)  # warm-up round (prefill): ignored
+    for gamma in [4] * 30 + [2] * 10:
+        target.run_time_s += 1.0
+        draft.run_time_s += 0.05 * gamma
+        ctl.update(gamma, gamma)  # every draft accepted
+    assert all(a > 0.95 for a in ctl.alphas[:4]), ctl.alphas
+    assert ctl.alphas[4] <= 0.9 * ctl.alphas[3] + 1e-12  # never proposed: still the prior
+    assert ctl.choose() >= 4
+
+
 def test_per_position_acceptance_is_conditional_on_reaching_the_position():
     """The cost model's alphas: P(draft i accepted | drafts before it were), not P(first i accepted)."""
     from ortspec.generator import Stats

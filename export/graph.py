@@ -34,7 +34,8 @@ def export_model(model, out_dir: Path, graph: str = "auto", dtype: str = "fp32")
         from .fused import build_fused
         return build_fused(model, out_dir, dtype)
     if dtype != "fp32":
-        raise ExportError("fp16 bundles need the fused graph (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3); export this model as fp32")
+        raise ExportError("fp16 bundles need the fused graph (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3); "
+                          "export this model as fp32")
     from optimum.exporters.onnx import onnx_export_from_model
 
     if getattr(model.config, "attn_logit_softcapping", None):

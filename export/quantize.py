@@ -25,7 +25,7 @@ from ortspec.errors import ExportError
 from .graph import consolidate, output_layer
 
 METHODS = ("int8", "int4", "int4a", "int4a-h8", "int8w")
-NBITS = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
+NBITS = {"block_size": 32, "accuracy_level": 4}
 # method -> (bits of the body, symmetric, bits of the output layer)
 NBITS_METHODS = {"int4": (4, True, 4), "int4a": (4, False, 4), "int4a-h8": (4, False, 8), "int8w": (8, True, 8)}
 

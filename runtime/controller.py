@@ -50,7 +50,8 @@ class AutoController:
         prof = profile or {}
         self.alphas = list(prof.get("alphas") or [0.7] * max_gamma)[:max_gamma]
         self.alphas += [self.alphas[-1]] * (max_gamma - len(self.alphas))
-        self.measured = [False] * max_gamma  # positions whose acceptance this controller has observed
+        # positions whose acceptance has been observed (by this controller or the request before it)
+        self.measured = (list(prof.get("measured") or []) + [False] * max_gamma)[:max_gamma]
         self.draft_cost = prof.get("draft_cost")
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
@@ -197,5 +198,6 @@ def make_controller(speculation: SpeculationConfig, generator):
         if lm is None:
             profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
         profile["target_costs"] = planning_costs(profile, speculation.bitwise)
+        profile.update(getattr(generator, "acceptance_prior", None) or {})
         return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
     return FixedController(int(speculation.num_draft_tokens))

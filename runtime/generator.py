@@ -164,6 +164,9 @@ class SpeculativeGenerator:
         self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
         self._lock = threading.Lock()
         self._profile: dict | None = None
+        # the last auto controller's per-position acceptance: the next request's starting point (a request
+        # is too short to learn from a neutral guess, and this pair's drafts agree about as well next time)
+        self.acceptance_prior: dict | None = None
         self._profile_read = False  # the stored profile was looked for (drafters that size proposals read it)
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
@@ -408,8 +411,11 @@ class SpeculativeGenerator:
     DRIFT = 1.25  # costs timed online this far from the stored profile (either way) replace it
 
     def _learn(self, controller) -> None:
-        """Store the pass costs an auto controller timed when they have drifted from the profile (the
-        profile was measured on a busy machine, or the machine changed): a re-calibration for free."""
+        """Keep an auto controller's acceptance for the next request, and store the pass costs it timed when
+        they have drifted from the profile (the profile was measured on a busy machine, or the machine
+        changed): a re-calibration for free."""
+        if getattr(controller, "rounds", 0):
+            self.acceptance_prior = {"alphas": list(controller.alphas), "measured": list(controller.measured)}
         drift = getattr(controller, "worst_drift", lambda: None)()
         if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
             return

@@ -236,6 +236,23 @@ def test_drifted_costs_are_stored_as_the_new_profile(llama_bundle, tmp_path):
     assert json.loads((bundle / PROFILE_FILE).read_text())
 
 
+def test_the_next_request_starts_from_the_acceptance_the_last_one_learned(llama_bundle):
+    """An auto request's per-position acceptance is the next request's prior (not the neutral 0.7), and its
+    observed positions are not re-derived from the prior; a fixed-γ request leaves it alone."""
+    from ortspec import SpeculativeGenerator
+    from ortspec.config import SpeculationConfig
+    from ortspec.controller import make_controller
+    gen = SpeculativeGenerator.load(llama_bundle)
+    assert gen.acceptance_prior is None
+    gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=60, num_draft_tokens=3, eos_token_id=[])
+    assert gen.acceptance_prior is None
+    gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=60, num_draft_tokens="auto", eos_token_id=[])
+    prior = gen.acceptance_prior
+    assert prior is not None and any(prior["measured"]) and prior["alphas"] != [0.7] * len(prior["alphas"])
+    ctl = make_controller(SpeculationConfig("auto", bitwise=True), gen)
+    assert ctl.alphas == prior["alphas"] and ctl.measured == prior["measured"]
+
+
 def test_rounds_outside_the_plan_teach_the_controller_nothing_they_should_not():
     """A round where the draft read a prompt times no draft step; a side source's round (the hybrid's lookups)
     times the target pass only; a long copy's pass (past max_gamma) is not a planned size."""

@@ -68,6 +68,10 @@ class Layout:
     local_rotary: list[bool]    # per layer: Gemma 3's local layers use their own rotary table
 
 
+def head_size(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
 def _activation(cfg) -> str:
     return getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", "silu")
 
@@ -75,8 +79,6 @@ def _activation(cfg) -> str:
 def layout(cfg) -> Layout:
     """The family layout of a supported config (see supports())."""
     kind = cfg.model_type
-    hidden, heads = cfg.hidden_size, cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     layers = cfg.num_hidden_layers
     window = int(getattr(cfg, "sliding_window", None) or 0)
     types = getattr(cfg, "layer_types", None)
@@ -92,9 +94,9 @@ def layout(cfg) -> Layout:
         gate_up=["gate_up_proj"] if kind == "phi3" else ["gate_proj", "up_proj"],
         activation="gelu_tanh" if gemma else "silu",
         norm_offset=1.0 if gemma else 0.0,
-        embed_scale=float(hidden) ** 0.5 if gemma else None,
+        embed_scale=float(cfg.hidden_size) ** 0.5 if gemma else None,
         sandwich=gemma, qk_norm=kind in ("qwen3", "gemma3_text"),
-        scale=float(cfg.query_pre_attn_scalar) ** -0.5 if gemma else float(head_dim) ** -0.5,
+        scale=float(cfg.query_pre_attn_scalar) ** -0.5 if gemma else float(head_size(cfg)) ** -0.5,
         attn_softcap=float(getattr(cfg, "attn_logit_softcapping", None) or 0.0) if gemma else 0.0,
         final_softcap=float(getattr(cfg, "final_logit_softcapping", None) or 0.0) if gemma else 0.0,
         windows=windows,
@@ -121,7 +123,7 @@ def supports(model) -> str | None:
         return "no layer_types in the config (transformers >= 4.56 writes them)"
     if types is not None and set(types) - {"full_attention", "sliding_attention"}:
         return f"layer types {sorted(set(types))}"
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = head_size(cfg)
     if head_dim % 16:
         return f"head size {head_dim} (onnxruntime's GroupQueryAttention needs a multiple of 16)"
     rotary = int(head_dim * float(getattr(cfg, "partial_rotary_factor", None) or 1.0))
@@ -155,7 +157,7 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
         raise ExportError(f"no fused graph for this model: {reason}; use --graph optimum")
     cfg = model.config
     hidden, n_heads, kv_heads = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or hidden // n_heads
+    head_dim = head_size(cfg)
     layers, eps = cfg.num_hidden_layers, float(cfg.rms_norm_eps)
     max_pos = int(cfg.max_position_embeddings)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}  # views, no copies

@@ -104,8 +104,8 @@ def session_options(threads: int | None, thread_pool: str = "session") -> ort.Se
     so.inter_op_num_threads = 1
     # With a pool per session, threads still spinning in the idle session would steal time from the running
     # one (20-60% per step measured on 2 cores), yet no spinning at all slows every step's hand-offs between
-    # threads. Spinning during a run, stopped as soon as the run returns, measured best (SmolLM2 pair, γ=4:
-    # 27.8 tok/s median of 5 interleaved runs, against 25.7 without spinning and 25.8 on the shared pool).
+    # threads. Spinning during a run, stopped as soon as the run returns, measured best (SmolLM2 pair, γ=4,
+    # tools/pool_cost.py: 28.8 tok/s, against 26.9 without spinning and 28.6 on the shared pool).
     so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")

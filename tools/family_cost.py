@@ -19,34 +19,33 @@ import subprocess
 import sys
 import tempfile
 
-# family -> (config class, model class, the real member whose shape is used, its config fields)
+# family -> (the real member whose shape is used, its config fields); config and model classes as the tests'
 SHAPES = {
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "Qwen3-0.6B",
-              dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
-                   head_dim=128)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", "Phi-3-mini",
-             dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=32,
-                  sliding_window=2047)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "Gemma-2-2B",
-               dict(hidden_size=2304, intermediate_size=9216, num_attention_heads=8, num_key_value_heads=4,
-                    head_dim=256, query_pre_attn_scalar=256, sliding_window=4096)),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", "Gemma-3-1B",
-               dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=4, num_key_value_heads=1,
-                    head_dim=256, query_pre_attn_scalar=256, sliding_window=512)),
+    "qwen3": ("Qwen3-0.6B", dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128)),
+    "phi3": ("Phi-3-mini", dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=32,
+                                num_key_value_heads=32, sliding_window=2047)),
+    "gemma2": ("Gemma-2-2B", dict(hidden_size=2304, intermediate_size=9216, num_attention_heads=8,
+                                  num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256,
+                                  sliding_window=4096)),
+    "gemma3": ("Gemma-3-1B", dict(hidden_size=1152, intermediate_size=6912, num_attention_heads=4,
+                                  num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256,
+                                  sliding_window=512)),
 }
 
 
 def make(family: str, out: Path, layers: int, vocab: int) -> Path:
     import torch
     import transformers
-    config_cls, model_cls, _, fields = SHAPES[family]
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tiny import FAMILY_CONFIGS, save_tokenizer
+    config_cls, model_cls, _ = FAMILY_CONFIGS[family]
     cfg = getattr(transformers, config_cls)(vocab_size=vocab, num_hidden_layers=layers, max_position_embeddings=4096,
-                                            pad_token_id=0, tie_word_embeddings=family.startswith("gemma"), **fields)
+                                            pad_token_id=0, tie_word_embeddings=family.startswith("gemma"),
+                                            **SHAPES[family][1])
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg)
     model.save_pretrained(str(out))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny import save_tokenizer
     save_tokenizer(vocab, out)
     return out
 
@@ -64,7 +63,7 @@ def main() -> int:
     from ortspec.export import export_bundle
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for family in args.family or sorted(SHAPES):
-            member = SHAPES[family][2]
+            member = SHAPES[family][0]
             print(f"== {family}: {member} shape, {args.layers} layers, vocabulary {args.vocab}", flush=True)
             src = make(family, Path(tmp) / family, args.layers, args.vocab)
             bundles = []

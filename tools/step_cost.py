@@ -40,7 +40,8 @@ def main() -> int:
         if spec is None:
             sys.exit(f"{root} has no {args.model} model")
         lms[root] = CausalLM(spec, str(b.file(spec.path)), thread_pool=args.pool)
-    ids = [(1000 + 7 * i) % 30000 for i in range(args.context + max(sizes))]
+    vocab = min(30000, *(lm.spec.vocab_size for lm in lms.values()))  # ids every model has
+    ids = [(1000 + 7 * i) % vocab for i in range(args.context + max(sizes))]
     for lm in lms.values():
         lm.prefill(ids[:args.context])
     times = {root: {n: [] for n in sizes} for root in lms}

@@ -6,6 +6,7 @@ verifier sees exactly the q that was sampled.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -168,6 +169,7 @@ class PromptLookupDrafter:
         self.copy_alpha = 0.9    # per-token acceptance of long proposals (conditional), learned
         self._run = 0            # tokens committed in a row that proposals predicted
         self._outcomes = Outcomes()
+        self._index = NgramIndex(min_ngram, max_ngram)
 
     def sync(self, committed) -> None:
         pass
@@ -222,18 +224,55 @@ class PromptLookupDrafter:
 
     def match(self, committed: Sequence[int], gamma: int) -> tuple[list[int], int]:
         """(the continuation of up to ``gamma`` tokens, the n-gram order that matched; 0 when none did)."""
-        seq = np.asarray(committed, dtype=np.int64)
         if gamma < 1:
             return [], 0
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-n:]
-            windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)
-            hits = np.nonzero((windows == tail).all(axis=1))[0]
-            if hits.size:  # the latest occurrence with gamma tokens after it (a loop's latest has fewer)
-                starts = hits + n
-                full = starts[starts + gamma <= seq.size]
-                start = int(full[-1] if full.size else starts[-1])
-                return [int(t) for t in seq[start:start + gamma]], n
+        return self._index.match(committed, gamma)
+
+
+class NgramIndex:
+    """Where every n-gram (n in [lo, hi]) of a token sequence starts, kept up to date as the sequence grows
+    (a request's context does, round after round), so that a lookup costs a few dictionary reads however
+    long the context is. A sequence that is not an extension of the indexed one first drops the entries
+    past the prefix they share."""
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = lo, hi
+        self.seq: list[int] = []
+        self.starts: dict[tuple, list[int]] = {}  # n-gram -> its start positions, ascending
+
+    def update(self, committed: Sequence[int]) -> list[int]:
+        seq, n = self.seq, len(self.seq)
+        if len(committed) < n or list(committed[:n]) != seq:
+            same = 0
+            for same, (a, b) in enumerate(zip(seq, committed)):
+                if a != int(b):
+                    break
+            else:
+                same = min(n, len(committed))
+            for order in range(self.lo, self.hi + 1):
+                for i in range(n - order, max(same - order + 1, 0) - 1, -1):
+                    self.starts[tuple(seq[i:i + order])].pop()  # the latest entry of each dropped window
+            del seq[same:]
+        for t in committed[len(seq):]:
+            seq.append(int(t))
+            end = len(seq)
+            for order in range(self.lo, min(self.hi, end) + 1):
+                self.starts.setdefault(tuple(seq[end - order:]), []).append(end - order)
+        return seq
+
+    def match(self, committed: Sequence[int], gamma: int) -> tuple[list[int], int]:
+        """The tokens after the latest earlier occurrence of the longest tail of ``committed`` that recurs
+        (of order hi down to lo; the latest occurrence followed by ``gamma`` tokens, when one is), and the
+        order; ([], 0) when no tail recurs."""
+        seq = self.update(committed)
+        size = len(seq)
+        for order in range(min(self.hi, size - 1), self.lo - 1, -1):
+            starts = self.starts.get(tuple(seq[size - order:]), ())
+            earlier = bisect.bisect_right(starts, size - 1 - order)  # every occurrence but the tail itself
+            if earlier:
+                full = bisect.bisect_right(starts, size - order - gamma, 0, earlier)
+                start = (starts[full - 1] if full else starts[earlier - 1]) + order
+                return seq[start:start + gamma], order
         return [], 0
 
 

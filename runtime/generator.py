@@ -22,7 +22,6 @@ from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, verify_dists
 
 DRAFTERS = ("model", "prompt_lookup", "hybrid", "none")
-_GUESS = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
 
 
 class InvariantError(OrtspecError):
@@ -171,6 +170,7 @@ class SpeculativeGenerator:
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
         self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
+        self._guess = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -363,7 +363,7 @@ class SpeculativeGenerator:
             draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats)
             free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
             if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess
-                guess = _GUESS.lookup(committed, 1)
+                guess = self._guess.lookup(committed, 1)
                 draft = Draft(guess, [Dist.one_hot(t) for t in guess] if sampling else None)
             counted = 0 if free else len(draft.tokens)  # free guesses stay out of the drafter's statistics
             # 3. One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma+1 rows.

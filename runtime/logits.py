@@ -207,19 +207,18 @@ class LogitsPipeline:
         return int(found[0].min())  # the lowest id among the ties of the largest
 
     def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
-        """Distinct ids of base + new. A context that extends the last one (as a request's does, round after
-        round) only adds its new tokens to the cached set."""
+        """Distinct ids of base + new inside the vocabulary. A context that extends the last one (as a request's
+        does, round after round) only adds its new tokens to the cached set."""
         n = len(self._seen_of)
         if len(base) < n or list(base[:n]) != self._seen_of:
             self._seen_of, self._seen, n = [], set(), 0
         if len(base) > n:
             fresh = [int(t) for t in base[n:]]
             self._seen_of.extend(fresh)
-            self._seen.update(fresh)
-            self._seen_ids = np.fromiter(sorted(self._seen), dtype=np.int64, count=len(self._seen))
-        extra = [int(t) for t in new if int(t) not in self._seen]
-        ids = np.union1d(self._seen_ids, extra) if extra else self._seen_ids
-        return ids[ids < self.vocab_size]
+            self._seen.update(t for t in fresh if 0 <= t < self.vocab_size)
+            self._seen_ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
+        extra = [t for t in dict.fromkeys(int(t) for t in new) if t not in self._seen and 0 <= t < self.vocab_size]
+        return np.concatenate([self._seen_ids, np.asarray(extra, dtype=np.int64)]) if extra else self._seen_ids
 
     def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""

@@ -18,6 +18,7 @@ class TextCodec:
             raise BundleError(f"cannot read {tokenizer_file}: {exc}; re-export the bundle") from None
         self.config = tokenizer_config
         self.chat_template = _pick_template(tokenizer_config.get("chat_template"))
+        self._compiled = None  # the chat template compiled (on first use)
 
     def encode(self, text: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
@@ -42,21 +43,27 @@ class TextCodec:
             raise ValueError("this bundle's tokenizer has no chat template; pass a plain prompt instead "
                              "(drop chat=True / --chat / messages)")
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message):
-            raise ValueError(f"chat template error: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
-        env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = _tojson
         special = {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         try:
-            return env.from_string(self.chat_template).render(
-                messages=check_messages(messages), add_generation_prompt=True, **special)
+            return self._template().render(messages=check_messages(messages), add_generation_prompt=True, **special)
         except jinja2.TemplateError as exc:
             raise ValueError(f"the bundle's chat template failed to render: {exc}") from None
+
+    def _template(self):
+        """The chat template, compiled on first use (compiling costs more than rendering)."""
+        if self._compiled is None:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message):
+                raise ValueError(f"chat template error: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.globals["raise_exception"] = raise_exception
+            env.filters["tojson"] = _tojson
+            self._compiled = env.from_string(self.chat_template)
+        return self._compiled
 
 
 ROLES = ("system", "user", "assistant")

@@ -2,6 +2,9 @@
 their choices, and greedy output equal to target-only decoding while they make them."""
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 
 from ortspec import SpeculativeGenerator
@@ -51,6 +54,37 @@ def test_a_new_request_starts_without_a_run():
     d.propose(committed + [40, 41, 42], 2, None, False, None, limit=30)
     d.propose([1, 2, 3, 2], 2, None, False, None, limit=30)  # another context
     assert d._run == 0
+
+
+def scan_lookup(committed, gamma, lo=1, hi=3):
+    """The lookup rule by brute force: scan every earlier window for the longest tail that recurs."""
+    seq = np.asarray(committed, dtype=np.int64)
+    if gamma < 1:
+        return [], 0
+    for n in range(min(hi, len(seq) - 1), lo - 1, -1):
+        hits = np.nonzero((np.lib.stride_tricks.sliding_window_view(seq[:-1], n) == seq[-n:]).all(axis=1))[0]
+        if hits.size:
+            starts = hits + n
+            full = starts[starts + gamma <= seq.size]
+            start = int(full[-1] if full.size else starts[-1])
+            return [int(t) for t in seq[start:start + gamma]], n
+    return [], 0
+
+
+def test_indexed_lookup_equals_a_full_scan_as_contexts_grow_shrink_and_change():
+    rng, d, seq = random.Random(0), PromptLookupDrafter(), []
+    for _ in range(3000):
+        r = rng.random()
+        if r < 0.05:
+            seq = seq[:rng.randrange(len(seq) + 1)]                       # rolled back
+        elif r < 0.07:
+            seq = [rng.randrange(6) for _ in range(rng.randrange(30))]   # another request
+        elif r < 0.09 and seq:
+            seq = seq[:-3] + [rng.randrange(6)]                           # a changed tail
+        else:
+            seq = seq + [rng.randrange(6) for _ in range(rng.randrange(4))]
+        gamma = rng.randrange(6)
+        assert d.match(seq, gamma) == scan_lookup(seq, gamma), (seq, gamma)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,9 @@ run times (C_d per draft step, C_t(k) per target pass of k tokens), and picks
 the gamma with the highest predicted speedup. Positions it has not drafted
 lately are assumed a little worse than the deepest one it has (conditional
 acceptance falls with depth), so it does not reach for long drafts on faith.
-When no gamma predicts a gain it decodes target-only for a while, then probes
+When no gamma predicts a gain (and the first position has been seen often
+enough to trust that: a neutral guess is not evidence) it decodes
+target-only for a while, then probes
 with one draft token (the cheapest way to re-measure acceptance) and returns to
 the model's choice only if that pays. It only chooses how many tokens to draft,
 so it never changes the output distribution.
@@ -44,6 +46,7 @@ class AutoController:
     STALE = 96          # a pass size not timed for this many rounds may be tried again ...
     COMPETITIVE = 0.9   # ... when its predicted speedup is at least this share of the best
     MAX_JUMP = 3.0      # a profile-only cost may exceed the size before it by this many typical steps
+    EVIDENCE = 8        # observations of the first position before a pause is trusted (a prior counts as many)
 
     def __init__(self, max_gamma: int, profile: dict | None, target, draft_lm):
         self.max_gamma = max_gamma
@@ -52,6 +55,9 @@ class AutoController:
         self.alphas += [self.alphas[-1]] * (max_gamma - len(self.alphas))
         # positions whose acceptance has been observed (by this controller or the request before it)
         self.measured = (list(prof.get("measured") or []) + [False] * max_gamma)[:max_gamma]
+        # observations of the first position behind its estimate: a neutral guess has none, so two early
+        # rejections cannot pause drafting on their own
+        self.evidence = self.EVIDENCE if self.measured[0] else 0
         self.draft_cost = prof.get("draft_cost")
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
@@ -83,6 +89,8 @@ class AutoController:
         costs = self.costs()
         gamma, speedup = best_gamma(self.alphas, self.draft_cost, costs, self.max_gamma)
         if gamma == 0:
+            if self.evidence < self.EVIDENCE:
+                return 1  # too little seen to stop drafting: keep measuring with the cheapest draft
             self.paused = self.PAUSE_ROUNDS
             self._probe = True
             return 0
@@ -176,6 +184,8 @@ class AutoController:
             hit = 1.0 if i < accepted else 0.0
             self.alphas[i] += weight * (hit - self.alphas[i])
             self.measured[i] = True
+        if gamma:
+            self.evidence += 1
         if gamma:  # positions never proposed: a little worse than the one before; observed ones keep theirs
             for j in range(gamma, self.max_gamma):
                 if not self.measured[j]:
@@ -191,13 +201,32 @@ def planning_costs(profile: dict | None, bitwise: bool) -> list[float]:
     return costs
 
 
-def make_controller(speculation: SpeculationConfig, generator):
+def acceptance_mode(sampling) -> str:
+    """Which acceptance a request's drafts have: greedy matching and sampled acceptance differ widely."""
+    return "sampled" if sampling.do_sample else "greedy"
+
+
+def make_controller(speculation: SpeculationConfig, generator, mode: str = "greedy"):
+    """The request's gamma controller. auto starts from the acceptance this generator's last auto request of
+    the same mode learned, else the one stored in the bundle's profile, else a neutral guess."""
     if speculation.num_draft_tokens == "auto":
         lm = getattr(generator.drafter, "lm", None)
         profile = dict(generator.profile())
         if lm is None:
             profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
         profile["target_costs"] = planning_costs(profile, speculation.bitwise)
-        profile.update(getattr(generator, "acceptance_prior", None) or {})
+        prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) \
+            or (profile.get("acceptance") or {}).get(mode)
+        profile.update(_checked_prior(prior))
         return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
     return FixedController(int(speculation.num_draft_tokens))
+
+
+def _checked_prior(prior) -> dict:
+    """A stored prior as the controller reads it, or nothing when it is damaged (a hand-edited profile)."""
+    try:
+        alphas = [min(max(float(a), 0.0), 1.0) for a in prior["alphas"]]
+        measured = [bool(m) for m in prior["measured"]]
+    except (TypeError, KeyError, ValueError):
+        return {}
+    return {"alphas": alphas, "measured": measured} if alphas else {}

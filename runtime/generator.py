@@ -12,7 +12,7 @@ import numpy as np
 
 from .bundle import Bundle, load_bundle
 from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
-from .controller import make_controller, planning_costs
+from .controller import acceptance_mode, make_controller, planning_costs
 from .drafters import (Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window,
                        common_prefix)
 from .errors import BundleError, CacheOverflowError, OrtspecError
@@ -163,9 +163,10 @@ class SpeculativeGenerator:
         self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
         self._lock = threading.Lock()
         self._profile: dict | None = None
-        # the last auto controller's per-position acceptance: the next request's starting point (a request
-        # is too short to learn from a neutral guess, and this pair's drafts agree about as well next time)
-        self.acceptance_prior: dict | None = None
+        # the last auto controller's per-position acceptance, per mode ("greedy", "sampled"): the next
+        # request's starting point (a request is too short to learn from a neutral guess, and this pair's
+        # drafts agree about as well next time); also kept in the bundle's profile for the next process
+        self.acceptance_prior: dict = {}
         self._profile_read = False  # the stored profile was looked for (drafters that size proposals read it)
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
@@ -327,7 +328,7 @@ class SpeculativeGenerator:
         draft_pipe = LogitsPipeline(draft_sampling(req.sampling, self.draft_sampling), self.vocab_size,
                                     self._scratch) if req.sampling.do_sample else pipe
         rng = np.random.default_rng(req.seed)
-        controller = make_controller(req.speculation, self)
+        controller = make_controller(req.speculation, self, acceptance_mode(req.sampling))
         self._share_costs(req.speculation.bitwise)
         decoder = StreamDecoder(self.codec)
         target, sampling = self.target, req.sampling.do_sample
@@ -388,7 +389,7 @@ class SpeculativeGenerator:
             yield from _events(decoder, new, verdict if counted else Verdict(0, verdict.next_token, False), counted)
             if reason:
                 outcome.append(reason)
-                self._learn(controller)
+                self._learn(controller, acceptance_mode(req.sampling))
                 tail = decoder.flush()
                 if tail:
                     yield Event([], tail, "text")
@@ -409,19 +410,25 @@ class SpeculativeGenerator:
     LAZY_PREFILL = 256  # unfed prompt tokens from which the first round runs without drafts
 
     DRIFT = 1.25  # costs timed online this far from the stored profile (either way) replace it
+    MOVED = 0.05  # a per-position acceptance this far from the stored one is stored again
 
-    def _learn(self, controller) -> None:
-        """Keep an auto controller's acceptance for the next request, and store the pass costs it timed when
-        they have drifted from the profile (the profile was measured on a busy machine, or the machine
-        changed): a re-calibration for free."""
+    def _learn(self, controller, mode: str) -> None:
+        """Keep an auto controller's acceptance for the next request (and in the stored profile, once a request
+        measured enough of it), and store the pass costs it timed when they have drifted from the profile (the
+        profile was measured on a busy machine, or the machine changed): a re-calibration for free."""
         if getattr(controller, "rounds", 0):
-            self.acceptance_prior = {"alphas": list(controller.alphas), "measured": list(controller.measured)}
+            learned = {"alphas": [round(a, 3) for a in controller.alphas], "measured": list(controller.measured)}
+            self.acceptance_prior[mode] = learned
+            if controller.rounds >= controller.EXPLORE_EVERY and self._profile is not None:
+                stored = (self._profile.get("acceptance") or {}).get(mode)
+                if not stored or max(abs(a - b) for a, b in zip(stored["alphas"], learned["alphas"])) > self.MOVED:
+                    self._store_profile(dict(self._profile, acceptance={**(self._profile.get("acceptance") or {}),
+                                                                       mode: learned}))
         drift = getattr(controller, "worst_drift", lambda: None)()
         if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
             return
         if len(controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
             return  # too little evidence
-        from .calibrate import save_profile
         learned = controller.learned_profile()
         stored = dict(self._profile, relearned_from_drift=round(drift, 3))
         old = list(self._profile.get("target_costs") or [])
@@ -430,8 +437,12 @@ class SpeculativeGenerator:
         stored["target_costs"] = old[:1] + learned["target_costs"][1:]
         if controller.draft_lm is not None and learned["draft_cost"] is not None:
             stored["draft_cost"] = learned["draft_cost"]
-        self._profile = stored
-        save_profile(self.bundle.root, self.target.provider, stored)
+        self._store_profile(stored)
+
+    def _store_profile(self, profile: dict) -> None:
+        from .calibrate import save_profile
+        self._profile = profile
+        save_profile(self.bundle.root, self.target.provider, profile)
 
     def _draft(self, committed, gamma, limit, pipe, sampling, rng, stats) -> Draft:
         if gamma < 1:

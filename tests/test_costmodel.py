@@ -236,21 +236,56 @@ def test_drifted_costs_are_stored_as_the_new_profile(llama_bundle, tmp_path):
     assert json.loads((bundle / PROFILE_FILE).read_text())
 
 
-def test_the_next_request_starts_from_the_acceptance_the_last_one_learned(llama_bundle):
-    """An auto request's per-position acceptance is the next request's prior (not the neutral 0.7), and its
-    observed positions are not re-derived from the prior; a fixed-γ request leaves it alone."""
+def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next_process(llama_bundle, tmp_path):
+    """An auto request's per-position acceptance is the next request's prior in the same mode (not the neutral
+    0.7), its observed positions are not re-derived from the prior, and it is stored with the bundle's profile
+    for the next process; a fixed-γ request leaves it alone, and sampled requests keep their own."""
+    import json
+    import shutil
+
     from ortspec import SpeculativeGenerator
+    from ortspec.calibrate import PROFILE_FILE
     from ortspec.config import SpeculationConfig
     from ortspec.controller import make_controller
-    gen = SpeculativeGenerator.load(llama_bundle)
-    assert gen.acceptance_prior is None
+    bundle = tmp_path / "bundle"
+    shutil.copytree(llama_bundle, bundle)  # this test writes the bundle's profile
+    gen = SpeculativeGenerator.load(bundle)
+    assert gen.acceptance_prior == {}
     gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=60, num_draft_tokens=3, eos_token_id=[])
-    assert gen.acceptance_prior is None
-    gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=60, num_draft_tokens="auto", eos_token_id=[])
-    prior = gen.acceptance_prior
-    assert prior is not None and any(prior["measured"]) and prior["alphas"] != [0.7] * len(prior["alphas"])
-    ctl = make_controller(SpeculationConfig("auto", bitwise=True), gen)
+    assert gen.acceptance_prior == {}
+    res = gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=150, num_draft_tokens="auto", eos_token_id=[])
+    assert res.stats.rounds > AutoController.EXPLORE_EVERY
+    prior = gen.acceptance_prior["greedy"]
+    assert any(prior["measured"]) and prior["alphas"] != [0.7] * len(prior["alphas"])
+    assert "sampled" not in gen.acceptance_prior
+    auto = SpeculationConfig("auto", bitwise=True)
+    ctl = make_controller(auto, gen, "greedy")
     assert ctl.alphas == prior["alphas"] and ctl.measured == prior["measured"]
+    assert ctl.evidence == AutoController.EVIDENCE
+    assert make_controller(auto, gen, "sampled").alphas == [0.7] * len(prior["alphas"])
+    stored = [e.get("acceptance") for e in json.loads((bundle / PROFILE_FILE).read_text()).values()]
+    assert {"greedy": prior} in stored
+    fresh = make_controller(auto, SpeculativeGenerator.load(bundle), "greedy")  # as a new process would
+    assert fresh.alphas == prior["alphas"] and fresh.measured == prior["measured"]
+
+
+def test_a_neutral_guess_does_not_pause_drafting_before_enough_evidence():
+    """Two early rejections against the neutral prior predict no gain; drafting pauses only once the first
+    position has been seen EVIDENCE times, and straight away when the prior was measured."""
+    costs = {"target_costs": [1.0, 1.05, 1.1, 1.15, 1.2], "draft_cost": 0.9}
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(4, dict(costs), target, draft)
+    choices = []
+    for _ in range(AutoController.EVIDENCE + 3):
+        g = ctl.choose()
+        choices.append(g)
+        target.run_time_s += 1.0
+        draft.run_time_s += 0.9 * g
+        ctl.update(g, 0)
+    assert all(g >= 1 for g in choices[:AutoController.EVIDENCE])
+    assert 0 in choices[AutoController.EVIDENCE:]
+    measured = AutoController(4, dict(costs, alphas=[0.1] * 4, measured=[True] * 4), FakeLM(), FakeLM())
+    assert measured.choose() == 0
 
 
 def test_rounds_outside_the_plan_teach_the_controller_nothing_they_should_not():

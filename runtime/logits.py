@@ -223,10 +223,11 @@ class LogitsPipeline:
     def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
         seen = self._seen_tokens(base, new) if self.config.repetition_penalty != 1.0 else np.zeros(0, np.int64)
+        values = self._penalize(row[seen]).astype(row.dtype, copy=False)
+        if not self.config.bad_words_ids:
+            return seen, values
         banned = self._banned_now(base, new)
-        ids = np.concatenate([seen, banned]) if banned.size else seen
-        values = np.concatenate([self._penalize(row[seen]), np.full(banned.size, -np.inf, dtype=row.dtype)])
-        return ids, values.astype(row.dtype)
+        return np.concatenate([seen, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
 
     def _penalize(self, values: np.ndarray) -> np.ndarray:
         """Repetition penalty (as transformers): positive scores divided by it, negative ones multiplied."""

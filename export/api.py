@@ -36,7 +36,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
                   dtype: str | None = None, genai_config: int | None = None, draft_vocab: int | None = None,
-                  generation: dict | None = None, progress: Progress | None = _stderr) -> Path:
+                  generation: dict | None = None, activations: str = "int8",
+                  progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
     Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
@@ -51,6 +52,9 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
     generation: sampling settings the model's authors recommend (do_sample, temperature, top_k, top_p,
         repetition_penalty), written into the bundle's generation_config.json as the defaults of generation.
+    activations: how the matrices of a GGUF file kept as they are read their inputs: "int8" (default: rounded to
+        int8 per block, as llama.cpp's CPU kernels do; fastest) or "fp32" (every layer but the output layer
+        reads float inputs: the file's model to float rounding, at a cost per step).
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
@@ -62,6 +66,13 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     _check_args(target, draft, draft_quant, target_quant)
     if graph not in ("auto", "fused", "optimum"):
         raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
+    if activations not in ("int8", "fp32"):
+        raise ValueError(f"activations must be 'int8' or 'fp32', got {activations!r}")
+    if activations != "int8" and (dtype is not None or not any(
+            str(src).lower().endswith(".gguf") and not quant
+            for src, quant in ((target, target_quant), (draft, draft_quant)) if src not in (None, "self"))):
+        raise ValueError("activations applies to the matrices of a .gguf file kept as they are: pass a .gguf "
+                         "target or draft without --dtype and without re-quantizing it")
     if dtype not in (None, "fp32", "fp16"):
         raise ValueError(f"dtype must be None (as the source is), 'fp32' or 'fp16', got {dtype!r}")
     if genai_config is not None and (isinstance(genai_config, bool) or not isinstance(genai_config, int)
@@ -94,7 +105,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     started = time.perf_counter()
     try:
         manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say,
-                          draft_vocab)
+                          draft_vocab, activations)
         if generation:
             path = tmp / "generation_config.json"
             config = json.loads(path.read_text()) if path.is_file() else {}
@@ -176,7 +187,8 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
-           trust_remote_code: bool, graph: str, dtype: str, say: Progress, draft_vocab: int | None = None) -> dict:
+           trust_remote_code: bool, graph: str, dtype: str, say: Progress, draft_vocab: int | None = None,
+           activations: str = "int8") -> dict:
     say(f"loading target {target}")
     src = load_source(target, trust_remote_code)
     _check_disk(tmp, src.model, 2 + (draft is not None))
@@ -185,7 +197,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     t_quant = None
     if _keeps_blocks(src, dtype, target_quant, kind, say):
         say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) with the GGUF file's quantized weights")
-        t_quant = _gguf_graph(src, tmp / "target", say)
+        t_quant = _gguf_graph(src, tmp / "target", say, activations)
         fp32 = None
         if draft == "self":  # the draft re-quantizes the float weights
             fp32 = export_model(src.model, tmp / "target-fp32", kind, "fp32")
@@ -219,7 +231,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             if _keeps_blocks(dsrc, dtype, draft_quant or (draft_vocab and "vocab"), dkind, say):
                 say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) with the GGUF file's "
                     "quantized weights")
-                native_quant = _gguf_graph(dsrc, draft_dir, say)
+                native_quant = _gguf_graph(dsrc, draft_dir, say, activations)
                 draft_graph = draft_dir / "model.onnx"
             else:
                 say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
@@ -265,9 +277,14 @@ def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progr
     return True
 
 
-def _gguf_graph(src: Source, out_dir: Path, say: Progress) -> dict:
+# MatMulNBits accuracy levels: 4 rounds each input row to int8 per block; 1 reads it in fp32
+ACCURACY_LEVELS = {"int8": 4, "fp32": 1}
+
+
+def _gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "int8") -> dict:
     """Build the fused graph of a GGUF source with its quantized matrices as they are in the file; the
-    manifest's quantization entry."""
+    manifest's quantization entry. With fp32 activations the output layer still reads int8 inputs: at fp32 it
+    alone would cost several times the rest of a step (and it moves top-1 agreement least)."""
     from .fused import build_fused
     from .gguf_weights import read_block_weights
     from .quantize import _count_quantized
@@ -275,8 +292,11 @@ def _gguf_graph(src: Source, out_dir: Path, say: Progress) -> dict:
     blocks, counts = read_block_weights(src.info["ref"], sd, src.model.config)
     say("GGUF weights checked against the dequantized model: " +
         ", ".join(f"{n} x {t}" for t, n in sorted(counts.items())))
-    path = build_fused(src.model, out_dir, "fp32", blocks=blocks)
-    return {"method": "gguf", "op": "MatMulNBits", "accuracy_level": 4, "types": counts,
+    level = ACCURACY_LEVELS[activations]
+    path = build_fused(src.model, out_dir, "fp32", blocks=blocks, accuracy_level=level,
+                       head_accuracy_level=ACCURACY_LEVELS["int8"])
+    return {"method": "gguf", "op": "MatMulNBits", "accuracy_level": level,
+            "output_layer_accuracy_level": ACCURACY_LEVELS["int8"], "activations": activations, "types": counts,
             "float_tensors": "norms, biases and any tensor of another type",
             "quantized_nodes": _count_quantized(path)}
 

@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the GGUF model itself, no second rounding) unless "
                         "--target-quant/--draft-quant re-quantizes; any other source, fp32. --dtype fp32 "
                         "dequantizes a GGUF file")
+    p.add_argument("--activations", default="int8", choices=["int8", "fp32"],
+                   help="how the matrices of a .gguf file kept as they are read their inputs: int8 (default: "
+                        "rounded per block of 32, as llama.cpp's CPU kernels do; fastest) or fp32 (every layer but "
+                        "the output layer: the file's model to float rounding, about a third slower per step)")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",
@@ -292,7 +296,7 @@ def cmd_export(args) -> int:
         return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
                   target_quant=args.target_quant, draft_vocab=getattr(args, "draft_vocab", None), generation=None,
-                  dtype=getattr(args, "dtype", None))
+                  dtype=getattr(args, "dtype", None), activations=getattr(args, "activations", "int8"))
     if args.recipe:
         recipe = resolve_recipe(args.recipe)
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}

@@ -151,6 +151,49 @@ def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
         assert a.token_ids == b.token_ids  # speculation over the imported target is exact
 
 
+@pytest.mark.slow
+def test_fp32_activations_give_the_files_model_to_float_rounding(smol_gguf_bundle, smol, tmp_path):
+    """--activations fp32: every matrix but the output layer reads float inputs; the model then agrees with the
+    file's fp32 export almost everywhere (int8 inputs: ~93% on this text), stays pass-size invariant, and
+    speculation over it stays exact."""
+    import onnx
+    from ortspec import SpeculativeGenerator
+    from ortspec.bundle import load_bundle
+    from ortspec.exactness import invariance_check
+    from ortspec.export import export_bundle
+    from ortspec.model import CausalLM
+    from ortspec.quality import compare_models
+    from conftest import REPO
+    _, source = smol_gguf_bundle
+    bundle = export_bundle(target=source, out=tmp_path / "smol-fp32-act", activations="fp32", progress=None)
+    graph = onnx.load(str(bundle / "target" / "model.onnx"), load_external_data=False)
+    levels = {n.name: next(a.i for a in n.attribute if a.name == "accuracy_level")
+              for n in graph.graph.node if n.op_type == "MatMulNBits"}
+    assert levels.pop("logits_node") == 4 and set(levels.values()) == {1} and len(levels) == 30 * 4
+    report = compare_models(str(bundle), str(smol), (REPO / "tools" / "prompts" / "quality.txt").read_text(),
+                            tokens=200)
+    assert report["top1_agreement"] >= 0.98 and report["mean_kl"] < 0.002
+    b = load_bundle(bundle)
+    lm = CausalLM(b.target, str(b.file(b.target.path)))
+    gen = SpeculativeGenerator.load(bundle, drafter="prompt_lookup")
+    ref = SpeculativeGenerator.load(bundle, drafter="none")
+    inv = invariance_check(lm, ref.codec.encode("Write a haiku about caches."), positions=12, sizes=range(1, 10))
+    assert inv["invariant"], inv
+    a = gen.generate(prompt="def fibonacci(n):", max_new_tokens=24, do_sample=False)
+    assert a.token_ids == ref.generate(prompt="def fibonacci(n):", max_new_tokens=24, do_sample=False).token_ids
+
+
+def test_fp32_activations_need_a_gguf_file_kept_as_it_is(tmp_path):
+    from ortspec.export import export_bundle
+    for kwargs in ({"target": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+                   {"target": "model.gguf", "dtype": "fp32"},
+                   {"target": "model.gguf", "target_quant": "int4"}):
+        with pytest.raises(ValueError, match="activations applies to the matrices of a .gguf file"):
+            export_bundle(out=tmp_path / "b", activations="fp32", progress=None, **kwargs)
+    with pytest.raises(ValueError, match="activations must be"):
+        export_bundle(target="model.gguf", out=tmp_path / "b", activations="int4", progress=None)
+
+
 # -- the quality command ------------------------------------------------------------------------------------------
 
 def test_quality_of_a_model_against_itself_and_a_noisier_copy(llama_bundle, tmp_path):

@@ -53,8 +53,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     generation: sampling settings the model's authors recommend (do_sample, temperature, top_k, top_p,
         repetition_penalty), written into the bundle's generation_config.json as the defaults of generation.
     activations: how the matrices of a GGUF file kept as they are read their inputs: "int8" (default: rounded to
-        int8 per block, as llama.cpp's CPU kernels do; fastest) or "fp32" (every layer but the output layer
-        reads float inputs: the file's model to float rounding, at a cost per step).
+        int8 per block, as llama.cpp's CPU kernels do; fastest) or "fp32" (the 4-bit matrices read float inputs:
+        closer to the file's model in float, at 1.3-2.9x the cost per decoding step on a CPU).
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
@@ -277,14 +277,17 @@ def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progr
     return True
 
 
-# MatMulNBits accuracy levels: 4 rounds each input row to int8 per block; 1 reads it in fp32
-ACCURACY_LEVELS = {"int8": 4, "fp32": 1}
+# MatMulNBits accuracy levels by the matrices' bits: 4 rounds each input row to int8 per block, 1 reads it in fp32.
+# onnxruntime's fp32-input kernel is as fast as the int8 one for 4-bit matrices on the steps decoding runs, and
+# several times slower for 8-bit ones (the 5-, 6- and 8-bit GGUF types), which therefore keep int8 inputs.
+ACCURACY_LEVELS = {"int8": {4: 4, 8: 4}, "fp32": {4: 1, 8: 4}}
 
 
 def _gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "int8") -> dict:
     """Build the fused graph of a GGUF source with its quantized matrices as they are in the file; the
-    manifest's quantization entry. With fp32 activations the output layer still reads int8 inputs: at fp32 it
-    alone would cost several times the rest of a step (and it moves top-1 agreement least)."""
+    manifest's quantization entry. With fp32 activations the 4-bit matrices read float inputs; the 8-bit ones
+    and the output layer still read int8 (at fp32 the output layer alone would cost several times the rest of a
+    step, and it moves top-1 agreement least)."""
     from .fused import build_fused
     from .gguf_weights import read_block_weights
     from .quantize import _count_quantized
@@ -292,11 +295,10 @@ def _gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "i
     blocks, counts = read_block_weights(src.info["ref"], sd, src.model.config)
     say("GGUF weights checked against the dequantized model: " +
         ", ".join(f"{n} x {t}" for t, n in sorted(counts.items())))
-    level = ACCURACY_LEVELS[activations]
-    path = build_fused(src.model, out_dir, "fp32", blocks=blocks, accuracy_level=level,
-                       head_accuracy_level=ACCURACY_LEVELS["int8"])
-    return {"method": "gguf", "op": "MatMulNBits", "accuracy_level": level,
-            "output_layer_accuracy_level": ACCURACY_LEVELS["int8"], "activations": activations, "types": counts,
+    levels = ACCURACY_LEVELS[activations]
+    path = build_fused(src.model, out_dir, "fp32", blocks=blocks, accuracy_level=levels, head_accuracy_level=4)
+    return {"method": "gguf", "op": "MatMulNBits", "accuracy_level": {f"{b}-bit": lv for b, lv in levels.items()},
+            "output_layer_accuracy_level": 4, "activations": activations, "types": counts,
             "float_tensors": "norms, biases and any tensor of another type",
             "quantized_nodes": _count_quantized(path)}
 

@@ -133,12 +133,13 @@ def supports(model) -> str | None:
 
 
 def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None = None,
-                accuracy_level: int = 4, head_accuracy_level: int | None = None) -> Path:
+                accuracy_level: int | dict = 4, head_accuracy_level: int | None = None) -> Path:
     """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path.
 
     dtype "fp16" stores weights, activations, KV cache and logits in float16 (for CUDA).
     blocks: Hugging Face weight name -> gguf_weights.BlockWeight for the matrices to keep block-quantized
-    (fp32 only); accuracy_level is MatMulNBits' (4: activations quantized to int8 per block of each row).
+    (fp32 only); accuracy_level is MatMulNBits' (4: activations quantized to int8 per block of each row; 1:
+    fp32), or a dict of it by the matrices' bits (4 or 8).
     """
     import onnx
     import torch
@@ -215,7 +216,8 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
             ins.append(init(f"{name}.zeros", zp.reshape(-1), raw=True))
         target = out if w.offsets is None else f"{out}.main"
         node("MatMulNBits", ins, [target], domain="com.microsoft", K=cols, N=rows, bits=w.bits,
-             block_size=w.block, accuracy_level=accuracy_level if level is None else level)
+             block_size=w.block, accuracy_level=level if level is not None else
+             accuracy_level[w.bits] if isinstance(accuracy_level, dict) else accuracy_level)
         if w.offsets is not None:
             node("MatMul", [block_sums(x, w.block), init(f"{name}.offsets", w.offsets.T, raw=True)], [f"{out}.corr"])
             node("Add", [target, f"{out}.corr"], [out])

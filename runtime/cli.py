@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "dequantizes a GGUF file")
     p.add_argument("--activations", default="int8", choices=["int8", "fp32"],
                    help="how the matrices of a .gguf file kept as they are read their inputs: int8 (default: "
-                        "rounded per block of 32, as llama.cpp's CPU kernels do; fastest) or fp32 (every layer but "
-                        "the output layer: the file's model to float rounding, about a third slower per step)")
+                        "rounded per block, as llama.cpp's CPU kernels do; fastest) or fp32 (the 4-bit matrices "
+                        "read float inputs: closer to the file's model in float, e.g. Qwen2.5-Coder-1.5B Q4_K_M "
+                        "98.2%% top-1 agreement instead of 97.2%%, but decoding steps cost 1.3-2.9x as much)")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",

@@ -153,9 +153,9 @@ def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
 
 @pytest.mark.slow
 def test_fp32_activations_give_the_files_model_to_float_rounding(smol_gguf_bundle, smol, tmp_path):
-    """--activations fp32: every matrix but the output layer reads float inputs; the model then agrees with the
-    file's fp32 export almost everywhere (int8 inputs: ~93% on this text), stays pass-size invariant, and
-    speculation over it stays exact."""
+    """--activations fp32: the 4-bit matrices (all but the 8-bit output layer here) read float inputs; the model
+    then agrees with the file's fp32 export almost everywhere (int8 inputs: ~93% on this text), stays pass-size
+    invariant, and speculation over it stays exact."""
     import onnx
     from ortspec import SpeculativeGenerator
     from ortspec.bundle import load_bundle

@@ -34,7 +34,7 @@ class FixedController:
     def choose(self) -> int:
         return self.gamma
 
-    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
         pass
 
 
@@ -152,10 +152,12 @@ class AutoController:
                 base.append(c * ratios[min(ratios, key=lambda j: (abs(j - k), j))])
         return {"target_costs": self._smoothed(base, self.drift() or 1.0), "draft_cost": self.draft_cost}
 
-    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
         """Learn from a round: its target pass time, and (unless the draft came from a ``side`` source the
         controller does not plan, such as the hybrid drafter's lookups) the draft step and acceptance. The
-        first round, and one where a model read a prompt (``prefill``), time no step."""
+        first round, and one where a model read a prompt (``prefill``), time no step. ``masses`` (sampling):
+        sum_x min(p, q) of each verified position, the probability that it is accepted: learned in place of
+        the accept/reject outcome, which has the same mean and far more noise."""
         t_time = self.target.run_time_s - self._t
         d_time = (self.draft_lm.run_time_s - self._d) if self.draft_lm is not None else 0.0
         self._mark()
@@ -181,7 +183,7 @@ class AutoController:
         weight = 0.5 if self._probing else self.DECAY  # a probe is rare: let it count
         self._probing = False
         for i in range(min(gamma, accepted + 1, self.max_gamma)):  # a long copy may run past max_gamma
-            hit = 1.0 if i < accepted else 0.0
+            hit = masses[i] if masses and i < len(masses) else 1.0 if i < accepted else 0.0
             self.alphas[i] += weight * (hit - self.alphas[i])
             self.measured[i] = True
         if gamma:

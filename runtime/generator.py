@@ -371,7 +371,8 @@ class SpeculativeGenerator:
             rows = target.forward_rows(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
             raw = rows.copy() if req.strict else None  # verification may rewrite rows in place
             # 4. Verify left to right; the next token is a correction or the bonus.
-            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats if counted else None)
+            masses = [] if sampling and counted else None  # sum_x min(p, q) of each verified draft position
+            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats if counted else None, masses)
             # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.
             new = draft.tokens[:verdict.accepted] + [verdict.next_token]
             new, reason = _cut(new, req.eos, remaining)
@@ -383,7 +384,8 @@ class SpeculativeGenerator:
             stats.record(counted, verdict.accepted if counted else 0, len(new), time.perf_counter() - t0)
             if stats.rounds == 1:
                 stats.first_token_s = time.perf_counter() - started
-            controller.update(counted, verdict.accepted if counted else 0, side=draft.side, prefill=catching_up)
+            controller.update(counted, verdict.accepted if counted else 0, side=draft.side, prefill=catching_up,
+                              masses=masses)
             if req.strict:
                 self._check(before, new, raw, req.speculation.bitwise)
             yield from _events(decoder, new, verdict if counted else Verdict(0, verdict.next_token, False), counted)
@@ -459,9 +461,11 @@ class SpeculativeGenerator:
             stats.draft_disabled = True
             return Draft.empty()
 
-    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, stats: Stats | None) -> Verdict:
+    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, stats: Stats | None,
+                masses: list | None = None) -> Verdict:
         if sampling:
-            masses: list[float] | None = [] if stats is not None and draft.tokens else None
+            if masses is None and stats is not None and draft.tokens:
+                masses = []
             verdict = self._sampled_verify(draft.tokens, draft.dists or [],
                                            lambda i: pipe.row(rows[i], committed, draft.tokens[:i], inplace=True), rng,
                                            masses)

@@ -305,3 +305,19 @@ def test_rounds_outside_the_plan_teach_the_controller_nothing_they_should_not():
     target.run_time_s += 9.0
     ctl.update(30, 30)  # a long copy
     assert len(ctl.target_costs) == 5 and ctl.alphas == before[1]
+
+
+def test_sampled_rounds_learn_acceptance_from_the_min_mass_not_the_coin():
+    """With sum_x min(p, q) per verified position (sampling), the estimate moves toward that probability: a
+    rejected draft whose mass was 0.9 raises an estimate of 0.5, and positions past the rejection learn nothing."""
+    costs = {"target_costs": [1.0, 1.05, 1.1, 1.15, 1.2], "draft_cost": 0.1, "alphas": [0.5] * 4,
+             "measured": [True] * 4}
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(4, costs, target, draft)
+    ctl.update(0, 0)  # the first round (prefill) times nothing
+    ctl.update(3, 0, masses=[0.9])
+    assert ctl.alphas[0] > 0.5 and ctl.alphas[1:] == [0.5] * 3
+    coin = AutoController(4, costs, FakeLM(), FakeLM())
+    coin.update(0, 0)
+    coin.update(3, 0)
+    assert coin.alphas[0] < 0.5

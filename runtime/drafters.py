@@ -249,9 +249,14 @@ class NgramIndex:
                     break
             else:
                 same = min(n, len(committed))
-            for order in range(self.lo, self.hi + 1):
+            if not same:
+                self.starts = {}  # another text altogether
+            for order in range(self.lo, self.hi + 1) if same else ():
                 for i in range(n - order, max(same - order + 1, 0) - 1, -1):
-                    self.starts[tuple(seq[i:i + order])].pop()  # the latest entry of each dropped window
+                    key = tuple(seq[i:i + order])
+                    self.starts[key].pop()  # the latest entry of each dropped window
+                    if not self.starts[key]:
+                        del self.starts[key]  # nothing kept for n-grams no longer in the text
             del seq[same:]
         for t in committed[len(seq):]:
             seq.append(int(t))

@@ -170,6 +170,8 @@ def test_fp32_activations_give_the_files_model_to_float_rounding(smol_gguf_bundl
     levels = {n.name: next(a.i for a in n.attribute if a.name == "accuracy_level")
               for n in graph.graph.node if n.op_type == "MatMulNBits"}
     assert levels.pop("logits_node") == 4 and set(levels.values()) == {1} and len(levels) == 30 * 4
+    from ortspec.inspect import format_report, inspect_bundle
+    assert "quantization gguf (MatMulNBits, fp32 activations)" in format_report(inspect_bundle(str(bundle)))
     report = compare_models(str(bundle), str(smol), (REPO / "tools" / "prompts" / "quality.txt").read_text(),
                             tokens=200)
     assert report["top1_agreement"] >= 0.98 and report["mean_kl"] < 0.002

@@ -217,18 +217,23 @@ def make_controller(speculation: SpeculationConfig, generator, mode: str = "gree
         if lm is None:
             profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
         profile["target_costs"] = planning_costs(profile, speculation.bitwise)
-        prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) \
-            or (profile.get("acceptance") or {}).get(mode)
-        profile.update(_checked_prior(prior))
+        prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) or stored_acceptance(profile).get(mode)
+        profile.update(prior or {})
         return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
     return FixedController(int(speculation.num_draft_tokens))
 
 
-def _checked_prior(prior) -> dict:
-    """A stored prior as the controller reads it, or nothing when it is damaged (a hand-edited profile)."""
-    try:
-        alphas = [min(max(float(a), 0.0), 1.0) for a in prior["alphas"]]
-        measured = [bool(m) for m in prior["measured"]]
-    except (TypeError, KeyError, ValueError):
-        return {}
-    return {"alphas": alphas, "measured": measured} if alphas else {}
+def stored_acceptance(profile: dict | None) -> dict:
+    """A profile's per-mode acceptance ({mode: {"alphas", "measured"}}), leaving out what is damaged (a
+    hand-edited profile): such an entry is as good as none."""
+    stored = (profile or {}).get("acceptance")
+    out = {}
+    for mode, prior in (stored.items() if isinstance(stored, dict) else ()):
+        try:
+            alphas = [min(max(float(a), 0.0), 1.0) for a in prior["alphas"]]
+            measured = [bool(m) for m in prior["measured"]]
+        except (TypeError, KeyError, ValueError):
+            continue
+        if alphas:
+            out[mode] = {"alphas": alphas, "measured": measured}
+    return out

@@ -243,20 +243,16 @@ class NgramIndex:
     def update(self, committed: Sequence[int]) -> list[int]:
         seq, n = self.seq, len(self.seq)
         if len(committed) < n or list(committed[:n]) != seq:
-            same = 0
-            for same, (a, b) in enumerate(zip(seq, committed)):
-                if a != int(b):
-                    break
-            else:
-                same = min(n, len(committed))
+            same = next((i for i, (a, b) in enumerate(zip(seq, committed)) if a != int(b)), min(n, len(committed)))
             if not same:
                 self.starts = {}  # another text altogether
-            for order in range(self.lo, self.hi + 1) if same else ():
-                for i in range(n - order, max(same - order + 1, 0) - 1, -1):
-                    key = tuple(seq[i:i + order])
-                    self.starts[key].pop()  # the latest entry of each dropped window
-                    if not self.starts[key]:
-                        del self.starts[key]  # nothing kept for n-grams no longer in the text
+            else:  # drop the windows that reach past the shared prefix, latest first
+                for order in range(self.lo, self.hi + 1):
+                    for i in range(n - order, max(same - order + 1, 0) - 1, -1):
+                        key = tuple(seq[i:i + order])
+                        self.starts[key].pop()
+                        if not self.starts[key]:
+                            del self.starts[key]  # nothing kept for n-grams no longer in the text
             del seq[same:]
         for t in committed[len(seq):]:
             seq.append(int(t))

@@ -12,7 +12,7 @@ import numpy as np
 
 from .bundle import Bundle, load_bundle
 from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
-from .controller import acceptance_mode, make_controller, planning_costs
+from .controller import acceptance_mode, make_controller, planning_costs, stored_acceptance
 from .drafters import (Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window,
                        common_prefix)
 from .errors import BundleError, CacheOverflowError, OrtspecError
@@ -372,7 +372,9 @@ class SpeculativeGenerator:
             raw = rows.copy() if req.strict else None  # verification may rewrite rows in place
             # 4. Verify left to right; the next token is a correction or the bonus.
             masses = [] if sampling and counted else None  # sum_x min(p, q) of each verified draft position
-            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, stats if counted else None, masses)
+            verdict = self._verify(pipe, rows, committed, draft, sampling, rng, masses)
+            if masses:
+                stats.record_min_mass(masses)
             # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.
             new = draft.tokens[:verdict.accepted] + [verdict.next_token]
             new, reason = _cut(new, req.eos, remaining)
@@ -419,13 +421,13 @@ class SpeculativeGenerator:
         measured enough of it), and store the pass costs it timed when they have drifted from the profile (the
         profile was measured on a busy machine, or the machine changed): a re-calibration for free."""
         if getattr(controller, "rounds", 0):
-            learned = {"alphas": [round(a, 3) for a in controller.alphas], "measured": list(controller.measured)}
-            self.acceptance_prior[mode] = learned
+            seen = {"alphas": [round(a, 3) for a in controller.alphas], "measured": list(controller.measured)}
+            self.acceptance_prior[mode] = seen
             if controller.rounds >= controller.EXPLORE_EVERY and self._profile is not None:
-                stored = (self._profile.get("acceptance") or {}).get(mode)
-                if not stored or max(abs(a - b) for a, b in zip(stored["alphas"], learned["alphas"])) > self.MOVED:
-                    self._store_profile(dict(self._profile, acceptance={**(self._profile.get("acceptance") or {}),
-                                                                       mode: learned}))
+                stored = stored_acceptance(self._profile)
+                old = stored.get(mode, {}).get("alphas", [])
+                if len(old) != len(seen["alphas"]) or max(abs(a - b) for a, b in zip(old, seen["alphas"])) > self.MOVED:
+                    self._store_profile(dict(self._profile, acceptance={**stored, mode: seen}))
         drift = getattr(controller, "worst_drift", lambda: None)()
         if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
             return
@@ -461,17 +463,12 @@ class SpeculativeGenerator:
             stats.draft_disabled = True
             return Draft.empty()
 
-    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, stats: Stats | None,
-                masses: list | None = None) -> Verdict:
+    def _verify(self, pipe, rows, committed, draft: Draft, sampling, rng, masses: list | None) -> Verdict:
+        """The round's verdict; when sampling, sum_x min(p, q) of each verified position goes into ``masses``."""
         if sampling:
-            if masses is None and stats is not None and draft.tokens:
-                masses = []
-            verdict = self._sampled_verify(draft.tokens, draft.dists or [],
-                                           lambda i: pipe.row(rows[i], committed, draft.tokens[:i], inplace=True), rng,
-                                           masses)
-            if masses:
-                stats.record_min_mass(masses)
-            return verdict
+            return self._sampled_verify(draft.tokens, draft.dists or [],
+                                        lambda i: pipe.row(rows[i], committed, draft.tokens[:i], inplace=True), rng,
+                                        masses)
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 
     def _sync_drafter(self, committed) -> None:

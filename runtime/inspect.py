@@ -56,8 +56,10 @@ def format_report(r: dict) -> str:
     lines = [f"bundle {r['bundle']}"]
     for role, m in r.get("models", {}).items():
         q = m["quantization"]
-        qs = f"{q['method']} ({q.get('op')}" + (f", {q['activations']} activations" if q.get("activations") else "") \
-            + ")" if q else "none"
+        qs = "none"
+        if q:
+            detail = [str(q.get("op"))] + ([f"{q['activations']} activations"] if q.get("activations") else [])
+            qs = f"{q['method']} ({', '.join(detail)})"
         lines.append(f"  {role}: {m['architecture']}, {m['layers']} layers, {m['kv_heads']} KV heads x "
                      f"{m['head_dim']}, vocab {m['vocab_size']}, max positions {m['max_positions']}, "
                      f"{m['dtype']}, quantization {qs}, {m['size_bytes'] / 1e6:.1f} MB")

@@ -321,3 +321,11 @@ def test_sampled_rounds_learn_acceptance_from_the_min_mass_not_the_coin():
     coin.update(0, 0)
     coin.update(3, 0)
     assert coin.alphas[0] < 0.5
+
+
+def test_a_damaged_stored_acceptance_is_as_good_as_none():
+    from ortspec.controller import stored_acceptance
+    profile = {"acceptance": {"greedy": {"alphas": ["x"], "measured": [True]}, "sampled": {"alphas": [1.5, 0.4],
+                                                                                             "measured": [1, 0]}}}
+    assert stored_acceptance(profile) == {"sampled": {"alphas": [1.0, 0.4], "measured": [True, False]}}
+    assert stored_acceptance({"acceptance": [0.9]}) == {} and stored_acceptance(None) == {}

@@ -90,10 +90,10 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "mo
               repeat: int = 1, chat: bool | None = None, provider: str = "cpu", threads: int | None = None,
               thread_pool: str = "session",
               calibrate: bool = False, sampling: dict | None = None, progress=None,
-              draft_window: int | None = 512) -> dict:
+              draft_window: int | None = 512, draft_kv: str = "auto") -> dict:
     sampling = dict(sampling or {})
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
-                                     thread_pool=thread_pool, draft_window=draft_window)
+                                     thread_pool=thread_pool, draft_window=draft_window, draft_kv=draft_kv)
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
     sampling = spec.sampling_settings(**sampling)  # flags left out: the bundle's generation config
     if chat is None:

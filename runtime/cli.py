@@ -73,6 +73,11 @@ def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", g
         g.add_argument("--draft-window", type=int, default=512, metavar="N",
                        help="the draft model reads a long context as its first tokens plus about the last N "
                             "(0: all of it). Never changes the output. Default 512")
+        g.add_argument("--draft-kv", default="auto", choices=["auto", "own"],
+                       help="auto: a self-draft (the target's weights quantized) reads the target's keys and values "
+                            "for the committed text, so it never reads the prompt and drafts from the better cache "
+                            "(CPU; --draft-window then does not apply); own: the draft computes its own. Never "
+                            "changes the output. Default auto")
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="onnxruntime execution provider")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: onnxruntime's)")
 
@@ -330,7 +335,8 @@ def cmd_generate(args) -> int:
                                              trust_remote_code=False, json=False)
             cmd_export(export_args)
     gen = SpeculativeGenerator.load(args.bundle, provider=args.provider, drafter=args.drafter,
-                                    threads=args.threads, thread_pool=POOL, draft_window=args.draft_window or None)
+                                    threads=args.threads, thread_pool=POOL, draft_window=args.draft_window or None,
+                                    draft_kv=args.draft_kv)
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                   seed=args.seed, num_draft_tokens=_gamma(args.num_draft_tokens),
@@ -386,7 +392,7 @@ def cmd_serve(args) -> int:
 
     serve(args.bundle, host=args.host, port=args.port, drafter=args.drafter,
           num_draft_tokens=_gamma(args.num_draft_tokens), provider=args.provider, threads=args.threads,
-          draft_window=args.draft_window or None, max_queue=args.max_queue, request_timeout=args.request_timeout,
+          draft_window=args.draft_window or None, draft_kv=args.draft_kv, max_queue=args.max_queue, request_timeout=args.request_timeout,
           api_key=api_key,
           model_id=args.model_name, max_body=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
           ready=ready)
@@ -434,7 +440,7 @@ def cmd_bench(args) -> int:
     report = run_bench(args.bundle, items, gammas, drafter=args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
                        provider=args.provider, threads=args.threads, thread_pool=POOL, calibrate=args.calibrate, sampling=sampling,
-                       draft_window=args.draft_window or None,
+                       draft_window=args.draft_window or None, draft_kv=args.draft_kv,
                        progress=lambda m: print(f"\r[ortspec bench] {m}    ", end="", file=sys.stderr, flush=True))
     print(file=sys.stderr)
     if args.out:

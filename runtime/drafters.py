@@ -77,14 +77,17 @@ class ModelDrafter:
     name = "model"
     SINK = 4  # leading tokens every view keeps (models lean on the first positions; dropping them hurts)
 
-    def __init__(self, lm: CausalLM, window: int | None = None):
+    def __init__(self, lm: CausalLM, window: int | None = None, source: CausalLM | None = None):
         self.lm, self.window = lm, check_window(window)
+        # source: the target, when this draft reads the target's K/V for committed text (a self-draft with
+        # the same cache layout; the window does not apply then); _adopted: leading positions taken from it
+        self.source, self._adopted = source, 0
 
     def view(self, committed: Sequence[int]) -> list[int]:
         """The tokens the draft model reads for this context."""
         committed = list(committed)
         n, w = len(committed), self.window
-        if w is None or n <= w + self.SINK:
+        if w is None or self.source is not None or n <= w + self.SINK:
             return committed
         step = max(1, w // 2)
         start = max(self.SINK, ((n - w) // step) * step)
@@ -103,7 +106,16 @@ class ModelDrafter:
         sampled but never fed), so the next round feeds [d_gamma, bonus].
         """
         seen = self.view(committed)
-        self.lm.rollback(min(common_prefix(self.lm.tokens, seen), len(seen) - 1))
+        keep = min(common_prefix(self.lm.tokens, seen), len(seen) - 1)
+        if self.source is not None:  # positions the target holds: its K/V replace whatever the draft computed
+            have = min(common_prefix(self.source.tokens, seen), len(seen) - 1)
+            start = min(self._adopted, keep)
+            if have > start:
+                self.lm.rollback(start)
+                self.lm.adopt(self.source, have)
+                self._adopted = keep = have
+        self.lm.rollback(keep)
+        self._adopted = min(self._adopted, keep)
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         self.sync(committed)

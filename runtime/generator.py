@@ -22,6 +22,7 @@ from .text import StreamDecoder, TextCodec
 from .verify import Verdict, greedy_verify, verify_dists
 
 DRAFTERS = ("model", "prompt_lookup", "hybrid", "none")
+DRAFT_KV = ("auto", "own")  # where a self-draft's keys and values for committed text come from
 
 
 class InvariantError(OrtspecError):
@@ -178,7 +179,7 @@ class SpeculativeGenerator:
     def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str = "model",
              threads: int | None = None, verify: str = "full",
              thread_pool: str = "session", logits: str = "auto",
-             draft_window: int | None = 512) -> "SpeculativeGenerator":
+             draft_window: int | None = 512, draft_kv: str = "auto") -> "SpeculativeGenerator":
         """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none".
 
         thread_pool: "session" (a thread pool per model, spinning only while that model runs) or "shared"
@@ -195,6 +196,12 @@ class SpeculativeGenerator:
         a window; acceptance may change, the output never does. On long edit prompts (SmolLM2, 800-2,800
         tokens) 512 kept acceptance (0.37 vs 0.40) and ran 0.74x target-only speed where the whole context
         ran 0.51x (README, "Long prompts").
+
+        draft_kv: "auto" (default) lets a self-draft (the target's own weights quantized: same layers and cache
+        layout) read the target's keys and values for the committed text instead of computing its own, on the
+        CPU: the draft never reads the prompt (the first token is the target's prefill alone) and drafts from
+        the better model's cache; draft_window does not apply then. "own": the draft keeps its own cache.
+        Acceptance may change, the output never does.
         """
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise ValueError(f"bundle_dir must be a path, got {type(bundle_dir).__name__}")
@@ -207,6 +214,8 @@ class SpeculativeGenerator:
         if logits not in LOGITS_PLACES:
             raise ValueError(f"logits must be one of {', '.join(LOGITS_PLACES)}, got {logits!r}")
         check_window(draft_window)
+        if draft_kv not in DRAFT_KV:
+            raise ValueError(f"draft_kv must be one of {', '.join(DRAFT_KV)}, got {draft_kv!r}")
         bundle = load_bundle(bundle_dir, verify=verify)
         if (bundle.target.quantization or {}).get("method") == "int8":
             warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
@@ -221,9 +230,10 @@ class SpeculativeGenerator:
         disabled = False
         if drafter in ("model", "hybrid"):
             try:
-                impl = cls._model_drafter(drafter, CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)),
-                                                            provider, threads, thread_pool=thread_pool, logits=logits),
-                                          draft_window)
+                lm = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
+                              thread_pool=thread_pool, logits=logits)
+                shared = draft_kv == "auto" and bundle.draft.source.get("kind") == "self" and lm.can_adopt(target)
+                impl = cls._model_drafter(drafter, lm, draft_window, target if shared else None)
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
             except Exception as exc:
@@ -237,8 +247,8 @@ class SpeculativeGenerator:
         return cls(bundle, target, impl, codec, disabled)
 
     @staticmethod
-    def _model_drafter(kind: str, lm: CausalLM, window: int | None = None):
-        model = ModelDrafter(lm, window)
+    def _model_drafter(kind: str, lm: CausalLM, window: int | None = None, source: CausalLM | None = None):
+        model = ModelDrafter(lm, window, source)
         return HybridDrafter(model) if kind == "hybrid" else model
 
     def sibling(self, drafter: str) -> "SpeculativeGenerator":
@@ -253,7 +263,7 @@ class SpeculativeGenerator:
             impl = PromptLookupDrafter()
         elif drafter in ("model", "hybrid") and getattr(self.drafter, "lm", None) is not None:
             model = getattr(self.drafter, "model", self.drafter)  # the hybrid's model drafter
-            impl = self._model_drafter(drafter, self.drafter.lm, model.window)
+            impl = self._model_drafter(drafter, self.drafter.lm, model.window, model.source)
         else:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
         twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
@@ -347,8 +357,11 @@ class SpeculativeGenerator:
             if lm is not None:
                 lm.reserve(min(room, lm.capacity))
         # A long prompt's first token comes from the target alone: the draft model reads the prompt in the
-        # second round, so the user's wait for the first token is the target's prefill only.
-        lazy = len(committed) - target.length > self.LAZY_PREFILL
+        # second round, so the user's wait for the first token is the target's prefill only. A draft reading
+        # the target's cache never reads the prompt: it drafts from the second round on, always (whatever the
+        # target kept from an earlier call: the draft's state, and so a seeded output, must not depend on it).
+        shared = getattr(getattr(self.drafter, "model", self.drafter), "source", None) is not None
+        lazy = shared or len(committed) - target.length > self.LAZY_PREFILL
         while True:
             t0 = time.perf_counter()
             remaining = req.max_new_tokens - (len(committed) - start)

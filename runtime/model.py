@@ -211,6 +211,7 @@ class CausalLM:
         self._past: list = list(self._empty)   # static: the shared buffers; concat: last presents
         self._stored = 0                       # concat: positions held; static: buffer capacity
         self._binding = None                   # static: IO binding with the KV buffers already bound
+        self._views = None                     # static on the CPU: (buffers, their NumPy views) for adopt
         self._host: list[np.ndarray] = []      # reusable host buffers the kept logits rows are written into
         # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
         # shares its pass. The generator sets it per request.
@@ -265,6 +266,33 @@ class CausalLM:
             raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
         self.canonical_length = min(self.canonical_length, length)
+
+    def can_adopt(self, source: "CausalLM") -> bool:
+        """Whether ``adopt`` can take ``source``'s K/V: both static caches in host memory with one layout."""
+        a, b = self.spec, source.spec
+        return (self.static and source.static and self.device == source.device == "cpu"
+                and (a.num_layers, a.num_kv_heads, a.head_dim, a.dtype) == (b.num_layers, b.num_kv_heads,
+                                                                            b.head_dim, b.dtype))
+
+    def adopt(self, source: "CausalLM", stop: int) -> None:
+        """Extend the valid cache to ``stop`` positions with ``source``'s tokens and K/V there (a self-draft
+        reading its target's cache, which holds the same layers' keys and values of a better model: the draft
+        then never reads the prompt itself). ``source``'s tokens must extend this model's."""
+        start = self.length
+        if stop <= start:
+            return
+        if not start <= stop <= min(source.length, self.capacity):
+            raise ValueError(f"adopt: positions up to {stop} are not all in the source's cache")
+        self.reserve(stop)
+        for mine, theirs in zip(self._host_views(), source._host_views()):
+            mine[:, :, start:stop] = theirs[:, :, start:stop]
+        self.tokens.extend(source.tokens[start:stop])
+
+    def _host_views(self) -> list:
+        """NumPy views of a host-resident static cache (rebuilt when reserve replaced the buffers)."""
+        if self._views is None or self._views[0] is not self._past:
+            self._views = (self._past, [v.numpy() for v in self._past])
+        return self._views[1]
 
     def prefill(self, ids: Sequence[int], keep: int | None = None) -> np.ndarray:
         self.reset()

@@ -642,7 +642,7 @@ async def _sse(ticket: Ticket, engine: Engine):
 
 def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str = "model",
           num_draft_tokens: int | str = 4, provider: str = "cpu", threads: int | None = None,
-          draft_window: int | None = 512, max_queue: int = 32, request_timeout: float = 600.0, api_key: str | None = None,
+          draft_window: int | None = 512, draft_kv: str = "auto", max_queue: int = 32, request_timeout: float = 600.0, api_key: str | None = None,
           model_id: str | None = None, max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 1024,
           ready=None) -> None:
     """Load a bundle and serve it until interrupted. ``ready(url)`` is called once the socket listens."""
@@ -668,8 +668,7 @@ def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str =
         raise ValueError("--api-key must not be empty")
     SpeculationConfig(num_draft_tokens)  # checked before the (slow) load
     gen = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads,
-                                    draft_window=draft_window,
-                                    thread_pool="shared")
+                                    draft_window=draft_window, draft_kv=draft_kv, thread_pool="shared")
     model_id = model_id or Path(bundle).resolve().name
     engine = Engine(gen, model_id, max_queue=max_queue, timeout_s=request_timeout, default_gamma=num_draft_tokens,
                     default_max_tokens=default_max_tokens)

@@ -66,6 +66,13 @@ def small_subset_bundle(workdir, hf_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_self_bundle(workdir, hf_models) -> Path:
+    """The vocab-16 target with an INT4 copy of itself as draft (which reads the target's cache)."""
+    return _export(target=str(hf_models["small_target"]), draft="self", draft_quant="int4",
+                   out=workdir / "b_small_self")
+
+
+@pytest.fixture(scope="session")
 def ids_bundle(workdir, hf_models) -> Path:
     """A target-only bundle without a tokenizer (token ids in, token ids out)."""
     return _export(target=str(hf_models["no_tok"]), out=workdir / "b_ids")

@@ -174,3 +174,55 @@ def test_a_long_prompt_gets_its_first_token_from_the_target_alone(pair_bundle, m
     assert res.stats.round_gammas[0] == 0 and max(res.stats.round_gammas[1:]) == 3
     want = gen.sibling("none").generate(input_ids=ids, max_new_tokens=20, eos_token_id=[], do_sample=False)
     assert res.token_ids == want.token_ids
+
+
+# -- a self-draft reading its target's cache ---------------------------------------------------------------------
+
+def test_adopt_takes_the_sources_keys_and_values_bit_for_bit(llama_bundle, pair_bundle):
+    from ortspec.bundle import load_bundle
+    from ortspec.model import CausalLM
+    b = load_bundle(llama_bundle)
+    path = str(b.file(b.target.path))
+    source, twin = CausalLM(b.target, path), CausalLM(b.target, path)
+    ids = [1] + list(range(3, 40))
+    source.forward(ids)
+    twin.forward(ids[:5])  # a few positions of its own, then the rest from the source
+    twin.adopt(source, 30)
+    assert twin.tokens == ids[:30]
+    # the next positions, computed over the adopted cache, are the source's own bits
+    assert np.array_equal(twin.forward(ids[30:32]), source.reference_logits(ids[:32])[30:32])
+    with pytest.raises(ValueError, match="not all in the source's cache"):
+        twin.adopt(source, 39)
+    other = load_bundle(pair_bundle)
+    lm = CausalLM(other.draft, str(other.file(other.draft.path)))
+    assert twin.can_adopt(source) and (lm.can_adopt(source) == (other.draft.kv_cache == "static"))
+
+
+def test_a_self_draft_never_reads_the_prompt(llama_bundle, pair_bundle):
+    gen = SpeculativeGenerator.load(llama_bundle)
+    own = SpeculativeGenerator.load(llama_bundle, draft_kv="own")
+    assert gen.drafter.source is gen.target and own.drafter.source is None
+    assert SpeculativeGenerator.load(pair_bundle).drafter.source is None  # another model's cache means nothing
+    passes = []
+    run = gen.drafter.lm._pass
+    gen.drafter.lm._pass = lambda ids, start, keep: passes.append(len(ids)) or run(ids, start, keep)
+    ids = [1] + list(range(3, 60))
+    want = own.sibling("none").generate(input_ids=ids, max_new_tokens=30, eos_token_id=[], do_sample=False)
+    for sampled in (False, True):
+        passes.clear()
+        res = gen.generate(input_ids=ids, max_new_tokens=30, eos_token_id=[], do_sample=sampled, temperature=0.8,
+                           seed=1, num_draft_tokens=3, strict=True)
+        assert res.stats.round_gammas[0] == 0  # the first token is the target's prefill alone
+        assert passes and max(passes) <= 2  # the last committed token (and a never-fed last draft), no prompt
+        if not sampled:
+            assert res.token_ids == want.token_ids
+        else:  # again, with the prompt cached now: the same draws (the draft's state never depends on the cache)
+            again = gen.generate(input_ids=ids, max_new_tokens=30, eos_token_id=[], do_sample=True, temperature=0.8,
+                                 seed=1, num_draft_tokens=3)
+            assert again.token_ids == res.token_ids and again.stats.round_gammas[0] == 0
+    hybrid = gen.sibling("hybrid")
+    assert hybrid.drafter.model.source is gen.target
+    assert hybrid.generate(input_ids=ids, max_new_tokens=30, eos_token_id=[], do_sample=False,
+                           num_draft_tokens=3).token_ids == want.token_ids
+    with pytest.raises(ValueError, match="draft_kv"):
+        SpeculativeGenerator.load(llama_bundle, draft_kv="target")

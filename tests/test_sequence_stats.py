@@ -114,3 +114,18 @@ def test_vocab_subset_draft_follows_target_distribution(pool, small_subset_bundl
     assert chi_square_p(counts, exact) > ALPHA
     wrong, _, _ = sample_counts(pool, small_subset_bundle, "model", 3, sampling, wrong=True)
     assert chi_square_p(wrong, exact) < ALPHA
+
+
+def test_self_draft_reading_the_targets_cache_follows_target_distribution(pool, small_self_bundle):
+    """The first token is the target's, then every draft runs over keys and values the target computed
+    (adopted, not fed): the counted tokens 2 and 3 come from such rounds."""
+    prompt = [1, 5, 9, 5, 3, 12, 7, 7]
+    gen = SpeculativeGenerator.load(small_self_bundle)
+    assert gen.drafter.source is gen.target
+    sampling = dict(temperature=1.3)
+    counts, drafted, accepted = sample_counts(pool, small_self_bundle, "model", 2, sampling, prompt=prompt)
+    assert accepted >= 500 and drafted - accepted >= 500
+    exact = exact_distribution(small_self_bundle, sampling, prompt)
+    assert chi_square_p(counts, exact) > ALPHA
+    wrong, _, _ = sample_counts(pool, small_self_bundle, "model", 2, sampling, wrong=True, prompt=prompt, n=N // 2)
+    assert chi_square_p(wrong, exact) < ALPHA  # negative control

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where the draft model reads a long prompt: the whole prompt (drafting from the first round, or the first round
-target-only) or a window of its first tokens plus the last N, against target-only decoding.
+target-only) or a window of its first tokens plus the last N, each with its own cache, or (a self-draft) the
+target's cache, against target-only decoding.
 
     python tools/draft_window.py models/smollm2-135m --prompts 6 --new 96
 
@@ -28,14 +29,17 @@ def main() -> int:
     args = ap.parse_args()
     from ortspec import SpeculativeGenerator
     items = [json.loads(line) for line in LONG.read_text().splitlines()][:args.prompts]
-    full = SpeculativeGenerator.load(args.bundle, thread_pool="shared", draft_window=None)
+    full = SpeculativeGenerator.load(args.bundle, thread_pool="shared", draft_window=None, draft_kv="own")
     eager_default = SpeculativeGenerator.LAZY_PREFILL
     settings = {"target-only": (full.sibling("none"), eager_default),
                 "whole prompt, drafting from round 1": (full, 10 ** 9),
                 "whole prompt, round 1 target-only": (full, eager_default)}
     for window in (512, 1024):
-        gen = SpeculativeGenerator.load(args.bundle, thread_pool="shared", draft_window=window)
+        gen = SpeculativeGenerator.load(args.bundle, thread_pool="shared", draft_window=window, draft_kv="own")
         settings[f"window {window}"] = (gen, eager_default)
+    shared = SpeculativeGenerator.load(args.bundle, thread_pool="shared")
+    if shared.drafter.source is not None:
+        settings["the target's cache (draft_kv auto)"] = (shared, eager_default)
     results: dict[str, list] = {name: [] for name in settings}
     for item in items:
         for name, (gen, lazy_from) in settings.items():

@@ -194,7 +194,7 @@ class SpeculativeGenerator:
         draft_window: the draft model reads a long context as its first tokens plus about this many recent
         ones (None: all of it). A long prompt then costs the draft a window's prefill and its steps attend over
         a window; acceptance may change, the output never does. On long edit prompts (SmolLM2, 800-2,800
-        tokens) 512 kept acceptance (0.37 vs 0.40) and ran 0.74x target-only speed where the whole context
+        tokens) 512 kept acceptance (0.37 vs 0.40) and ran 0.73x target-only speed where the whole context
         ran 0.51x (README, "Long prompts").
 
         draft_kv: "auto" (default) lets a self-draft (the target's own weights quantized: same layers and cache

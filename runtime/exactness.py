@@ -272,8 +272,10 @@ class DistributionResult:
 def memoized_generator(bundle_dir: str, drafter: str, provider: str = "cpu", threads: int | None = None,
                        thread_pool: str = "session"):
     from .generator import SpeculativeGenerator
+    # the draft keeps its own cache: rows memoized by token prefix must not depend on where its K/V came from
+    # (what the check measures, the verification rules, holds for any draft)
     gen = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafter, threads=threads, verify="none",
-                                    thread_pool=thread_pool)
+                                    thread_pool=thread_pool, draft_kv="own")
     gen.target = MemoLM(gen.target)
     if getattr(gen.drafter, "lm", None) is not None:
         gen.drafter.lm = MemoLM(gen.drafter.lm)
@@ -363,6 +365,10 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     say("negative control")
     gen._sampled_verify = wrong_verify
     control = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed + 1, alpha)
+    if gen.draft_disabled and drafter in ("model", "hybrid"):  # the check would have measured target-only decoding
+        from .errors import OrtspecError
+        raise OrtspecError(f"the draft model of {bundle_dir} failed during the check (see the warning above); "
+                           "nothing about speculative decoding was measured")
     rejected = control.p_value < alpha
     if greedy.mismatches or dist.p_value < alpha:
         verdict = "fail"

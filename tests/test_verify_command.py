@@ -63,6 +63,17 @@ def test_inconclusive_with_too_few_samples(close_pair):
     assert r["verdict"] == "inconclusive" and not r["negative_control"]["rejected"]
 
 
+def test_a_draft_failing_during_the_check_is_an_error(small_bundle):
+    from ortspec.errors import OrtspecError
+
+    def break_the_draft(gen):
+        def propose(*args, **kwargs):
+            raise RuntimeError("draft crashed")
+        gen.drafter.propose = propose
+    with pytest.raises(OrtspecError, match="failed during the check"):
+        verify(small_bundle, samples=100, configure=break_the_draft)
+
+
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "ortspec.cli", "verify", *map(str, args)],
                           capture_output=True, text=True)

@@ -168,7 +168,9 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
     for g in gammas:
         a = accs[str(g)]
         alphas = a.alphas()
-        if g == "auto":
+        if drafter == "hybrid":
+            ideal = None  # rounds mix free lookups and model drafts: the cost model describes neither mix
+        elif g == "auto":
             ideal = best_gamma(alphas or [0.0], draft_cost, costs, max(1, len(alphas)))[1]
         else:
             ideal = predicted_speedup(alphas, int(g), draft_cost, costs)
@@ -179,7 +181,7 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
                      "per_position_acceptance": alphas,
                      "per_position_min_mass": [m / v if v else 0.0 for m, v in zip(a.min_mass, a.verified)],
                      "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
-                     "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal else 0.0,
+                     "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal else None,
                      "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt})
     def baseline(a: _Acc, kind: str) -> dict:
         return {"kind": kind, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0, "time_split": split(a),
@@ -210,8 +212,8 @@ def format_table(report: dict) -> str:
         name = f"{r['drafter']} g={r['num_draft_tokens']}"
         t = r["time_split"]
         lines.append(f"{name:<16}{r['tokens_per_s']:>8.1f}{r['speedup']:>9.2f}{r['decode_speedup']:>8.2f}"
-                     f"{r['ideal_speedup']:>7.2f}"
-                     f"{r['efficiency']:>6.2f}{r['acceptance_rate']:>8.0%}{r['mean_tokens_per_round']:>8.2f}"
+                     + (f"{r['ideal_speedup']:>7.2f}{r['efficiency']:>6.2f}" if r["ideal_speedup"] else f"{'-':>7}{'-':>6}")
+                     + f"{r['acceptance_rate']:>8.0%}{r['mean_tokens_per_round']:>8.2f}"
                      f"{t['draft']:>7.0%}{t['target']:>8.0%}{t['overhead']:>7.0%}"
                      f"{r['latency']['p50_ms']:>7.1f}{r['latency']['p95_ms']:>7.1f}{r['latency']['p99_ms']:>7.1f}"
                      f"{r['latency']['first_token_p50_ms']:>9.0f}")
@@ -238,7 +240,7 @@ def plot(report: dict, path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     g = [r["num_draft_tokens"] for r in rows]
     ax1.plot(g, [r["speedup"] for r in rows], "o-", label="measured")
-    ax1.plot(g, [r["ideal_speedup"] for r in rows], "s--", label="cost model (ideal)")
+    ax1.plot(g, [r["ideal_speedup"] or float("nan") for r in rows], "s--", label="cost model (ideal)")
     for r in report["settings"]:
         if r["num_draft_tokens"] == "auto":
             ax1.axhline(r["speedup"], color="gray", ls=":", label="auto (measured)")

@@ -78,3 +78,15 @@ def test_llama_cpp_logs_are_parsed():
     tokens, seconds = peers.parse_llama_cpp("[ Prompt: 58.6 t/s | Generation: 12.1 t/s ]", 32)
     assert tokens == 32 and abs(tokens / seconds - 12.1) < 1e-9
     assert peers.parse_llama_cpp("error: invalid argument", 32) is None
+
+
+def test_bench_hybrid_reports_no_cost_model_ideal(pair_bundle, tmp_path):
+    """Hybrid rounds mix free lookups and model drafts, which the cost model does not describe: no ideal."""
+    out = tmp_path / "r.json"
+    proc = _bench(pair_bundle, tmp_path, "--num-draft-tokens", "2", "--drafter", "hybrid", "--id", "b",
+                  "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(out.read_text())["settings"][0]
+    assert row["ideal_speedup"] is None and row["efficiency"] is None and row["speedup"] > 0
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("hybrid g=2"))
+    assert line.split()[5:7] == ["-", "-"]  # name (2 words), tok/s, speedup, decode, then ideal and eff

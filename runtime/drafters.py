@@ -72,6 +72,10 @@ class ModelDrafter:
     most one window per half window of new text): a long prompt then costs the draft a window's prefill, and
     its steps attend over a window instead of the whole context. What the draft sees changes only its
     acceptance, never the output.
+
+    With a ``source`` (the target, for a self-draft of the same cache layout), the positions the target holds
+    take the target's keys and values (``CausalLM.adopt``) instead of the draft's own: the draft feeds only
+    what the target has not verified yet (the last committed token) and the tokens it drafts.
     """
 
     name = "model"

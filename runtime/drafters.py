@@ -84,8 +84,8 @@ class ModelDrafter:
     def __init__(self, lm: CausalLM, window: int | None = None, source: CausalLM | None = None):
         self.lm, self.window = lm, check_window(window)
         # source: the target, when this draft reads the target's K/V for committed text (a self-draft with
-        # the same cache layout; the window does not apply then); _adopted: leading positions taken from it
-        self.source, self._adopted = source, 0
+        # the same cache layout; the window does not apply then)
+        self.source = source
 
     def view(self, committed: Sequence[int]) -> list[int]:
         """The tokens the draft model reads for this context."""
@@ -113,13 +113,12 @@ class ModelDrafter:
         keep = min(common_prefix(self.lm.tokens, seen), len(seen) - 1)
         if self.source is not None:  # positions the target holds: its K/V replace whatever the draft computed
             have = min(common_prefix(self.source.tokens, seen), len(seen) - 1)
-            start = min(self._adopted, keep)
+            start = min(self.lm.adopted, keep)
             if have > start:
                 self.lm.rollback(start)
                 self.lm.adopt(self.source, have)
-                self._adopted = keep = have
+                keep = have
         self.lm.rollback(keep)
-        self._adopted = min(self._adopted, keep)
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         self.sync(committed)

@@ -228,6 +228,7 @@ class CausalLM:
             self._past, self._stored = list(self._empty), 0
         self.tokens: list[int] = []
         self.canonical_length = 0  # leading positions whose K/V all came from passes of >= 2 positions
+        self.adopted = 0           # leading positions whose K/V were copied from another model's cache (adopt)
 
     def _buffers(self, positions: int) -> list:
         shape = [1, self.spec.num_kv_heads, positions, self.spec.head_dim]
@@ -266,6 +267,7 @@ class CausalLM:
             raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
         self.canonical_length = min(self.canonical_length, length)
+        self.adopted = min(self.adopted, length)
 
     def can_adopt(self, source: "CausalLM") -> bool:
         """Whether ``adopt`` can take ``source``'s K/V: both static caches in host memory with one layout."""
@@ -287,6 +289,8 @@ class CausalLM:
         for mine, theirs in zip(self._host_views(), source._host_views()):
             mine[:, :, start:stop] = theirs[:, :, start:stop]
         self.tokens.extend(source.tokens[start:stop])
+        if self.adopted == start:
+            self.adopted = stop
 
     def _host_views(self) -> list:
         """NumPy views of a host-resident static cache (rebuilt when reserve replaced the buffers)."""

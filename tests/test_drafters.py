@@ -188,7 +188,10 @@ def test_adopt_takes_the_sources_keys_and_values_bit_for_bit(llama_bundle, pair_
     source.forward(ids)
     twin.forward(ids[:5])  # a few positions of its own, then the rest from the source
     twin.adopt(source, 30)
-    assert twin.tokens == ids[:30]
+    assert twin.tokens == ids[:30] and twin.adopted == 0  # its first 5 positions are its own
+    twin.rollback(0)
+    twin.adopt(source, 30)
+    assert twin.tokens == ids[:30] and twin.adopted == 30
     # the next positions, computed over the adopted cache, are the source's own bits
     assert np.array_equal(twin.forward(ids[30:32]), source.reference_logits(ids[:32])[30:32])
     with pytest.raises(ValueError, match="not all in the source's cache"):

@@ -298,11 +298,9 @@ class HybridDrafter:
     The choice compares the speedups the cost model predicts for the two proposals from the target's pass
     costs and the draft step (``pass_costs``, ``draft_cost``, when a profile exists) and the acceptance each
     source has had: per n-gram order for lookups (a longer matching tail is better evidence), and one for
-    the model. A lookup costs nothing to make, a model draft gamma draft steps. When even the better of the
-    two is predicted slower than target-only decoding, the round proposes nothing (one in PROBE such rounds
-    drafts anyway, to keep measuring). Without costs, a match of order >= 2 wins. The model's cache catches
-    up with the committed text in one pass when it drafts again. Which source drafts never depends on the
-    draws of the round it drafts for, so the output distribution is unchanged.
+    the model. A lookup costs nothing to make, a model draft gamma draft steps. Without costs, a match of
+    order >= 2 wins. The model's cache catches up with the committed text in one pass when it drafts again.
+    Which source drafts depends only on the committed tokens, so the output distribution is unchanged.
     """
 
     name = "hybrid"
@@ -314,9 +312,8 @@ class HybridDrafter:
         self.draft_cost: float | None = None
         self.alpha_by_order = {1: 0.4, 2: 0.6, 3: 0.7}  # first-guess priors, learned per order
         self.alpha_model = 0.7
-        self._source = None  # "model" or the n-gram order of the last proposal (None: no proposal)
-        self.lookup_rounds = self.model_rounds = self.idle_rounds = 0
-        self._waited = 0  # rounds without a proposal since the last one
+        self._source = None  # "model" or the n-gram order of the last proposal
+        self.lookup_rounds = self.model_rounds = 0
 
     @property
     def pass_costs(self):
@@ -344,13 +341,7 @@ class HybridDrafter:
         if gamma < 1:
             return Draft.empty()
         tokens, order = self.ngram.match(committed, self.ngram.length(gamma, limit))
-        lookup = bool(tokens) and self._lookup_wins(order, len(tokens), gamma)
-        if self._idle(order if lookup else None, len(tokens) if lookup else gamma):
-            self._source = None
-            self.idle_rounds += 1
-            self.ngram.end_run()  # a copy run continues only through consecutive lookups
-            return Draft.empty()
-        if lookup:
+        if tokens and self._lookup_wins(order, len(tokens), gamma):
             self._source = order
             self.lookup_rounds += 1
             return self.ngram.draft(committed, tokens, gamma, sampling, side=True)
@@ -371,24 +362,6 @@ class HybridDrafter:
             else:
                 a = self.alpha_by_order[self._source]
                 self.alpha_by_order[self._source] = a + self.DECAY * (hit - a)
-
-    PROBE = 16  # rounds without proposals after which the better source drafts once anyway (to re-measure it)
-
-    def _idle(self, order: int | None, n: int) -> bool:
-        """Whether this round proposes nothing: with costs known, when the better source (a lookup of ``order``
-        with ``n`` tokens, or the model drafting ``n``) is predicted slower than target-only decoding — except
-        every PROBE-th such round, so that an acceptance that has recovered is seen."""
-        costs, step = self.pass_costs, self.draft_cost
-        if not costs or step is None:
-            return False
-        from .costmodel import predicted_speedup
-        alpha = self.alpha_model if order is None else self.alpha_by_order[order]
-        if predicted_speedup([alpha] * n, n, step if order is None else 0.0, costs) >= 1.0 \
-                or self._waited >= self.PROBE:
-            self._waited = 0
-            return False
-        self._waited += 1
-        return True
 
     def _lookup_wins(self, order: int, n: int, gamma: int) -> bool:
         costs, step = self.pass_costs, self.draft_cost

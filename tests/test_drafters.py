@@ -113,21 +113,6 @@ def test_hybrid_choice_with_costs_weighs_the_model_draft(small):
     assert h._lookup_wins(1, 4, 4)
 
 
-def test_hybrid_proposes_nothing_when_neither_source_pays_and_probes_now_and_then(small):
-    h = HybridDrafter(small.drafter)
-    committed = [1, 2, 3, 9, 8, 1, 2, 3]  # "1 2 3" occurred before: a lookup of order 3 proposes 9 8 ...
-    assert not h._idle(None, 4)  # without costs: never idle
-    # verify passes that cost per token and a draft that agrees a third of the time: nothing is predicted to pay
-    h.pass_costs, h.draft_cost = [1.0, 2.0, 3.0, 4.0, 5.0], 0.3
-    h.alpha_model, h.alpha_by_order = 0.3, {1: 0.3, 2: 0.3, 3: 0.3}
-    drafts = [h.propose(committed, 4, None, False, None, limit=4) for _ in range(2 * h.PROBE + 2)]
-    proposed = [i for i, d in enumerate(drafts) if d.tokens]
-    assert proposed == [h.PROBE, 2 * h.PROBE + 1]  # one probe after every PROBE idle rounds
-    assert h.idle_rounds == 2 * h.PROBE and h.lookup_rounds == 2 and h.model_rounds == 0
-    h.alpha_by_order[3] = 1.0  # a lookup that always holds pays even at these costs
-    assert h.propose(committed, 4, None, False, None, limit=4).tokens[:2] == [9, 8]
-
-
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "hybrid"])
 def test_greedy_output_equals_target_only_through_long_copies(small, drafter):
     """The vocab-16 target falls into loops that lookups copy: proposals far longer than gamma are made,

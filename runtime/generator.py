@@ -426,13 +426,16 @@ class SpeculativeGenerator:
 
     LAZY_PREFILL = 256  # unfed prompt tokens from which the first round runs without drafts
 
-    DRIFT = 1.25  # costs timed online this far from the stored profile (either way) replace it
+    # costs timed online this much below the stored profile replace it (above it they may be a busy machine's:
+    # load only ever slows passes, so slower timings are not stored)
+    DRIFT = 1.25
     MOVED = 0.05  # a per-position acceptance this far from the stored one is stored again
 
     def _learn(self, controller, mode: str) -> None:
         """Keep an auto controller's acceptance for the next request (and in the stored profile, once a request
-        measured enough of it), and store the pass costs it timed when they have drifted from the profile (the
-        profile was measured on a busy machine, or the machine changed): a re-calibration for free."""
+        measured enough of it), and store the pass costs it timed when they are well below the profile's (the
+        profile was measured on a busy machine, or the machine got faster): a re-calibration for free. Timings
+        above the profile's are not stored: they may say only that the machine is busy now."""
         if getattr(controller, "rounds", 0):
             seen = {"alphas": [round(a, 3) for a in controller.alphas], "measured": list(controller.measured)}
             self.acceptance_prior[mode] = seen
@@ -442,7 +445,7 @@ class SpeculativeGenerator:
                 if len(old) != len(seen["alphas"]) or max(abs(a - b) for a, b in zip(old, seen["alphas"])) > self.MOVED:
                     self._store_profile(dict(self._profile, acceptance={**stored, mode: seen}))
         drift = getattr(controller, "worst_drift", lambda: None)()
-        if drift is None or 1 / self.DRIFT <= drift <= self.DRIFT or self._profile is None:
+        if drift is None or drift >= 1 / self.DRIFT or self._profile is None:
             return
         if len(controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
             return  # too little evidence

@@ -236,6 +236,24 @@ def test_drifted_costs_are_stored_as_the_new_profile(llama_bundle, tmp_path):
     assert json.loads((bundle / PROFILE_FILE).read_text())
 
 
+def test_slower_timings_are_not_stored(llama_bundle, tmp_path):
+    """Passes timed 10x slower than the profile says may be a busy machine's: the profile's costs stay."""
+    import shutil
+    from ortspec import SpeculativeGenerator
+    from ortspec.calibrate import PROFILE_FILE, load_profile
+    bundle = tmp_path / "b"
+    shutil.copytree(llama_bundle, bundle)
+    gen = SpeculativeGenerator.load(bundle)
+    real = dict(gen.profile())
+    fast = dict(real, target_costs=[c / 10 for c in real["target_costs"]])
+    gen._profile = fast
+    (bundle / PROFILE_FILE).unlink()
+    gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=120, num_draft_tokens="auto", eos_token_id=[])
+    stored = load_profile(bundle, gen.target.provider)  # written only if the acceptance it learned moved
+    assert stored is None or (stored["target_costs"] == fast["target_costs"] and "relearned_from_drift" not in stored)
+    assert gen.profile()["target_costs"] == fast["target_costs"]
+
+
 def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next_process(llama_bundle, tmp_path):
     """An auto request's per-position acceptance is the next request's prior in the same mode (not the neutral
     0.7), its observed positions are not re-derived from the prior, and it is stored with the bundle's profile

@@ -316,6 +316,11 @@ class HybridDrafter:
         self.lookup_rounds = self.model_rounds = 0
 
     @property
+    def source(self):
+        """The model drafter's source cache (the target, for a self-draft), or None."""
+        return self.model.source
+
+    @property
     def pass_costs(self):
         return self.ngram.pass_costs
 

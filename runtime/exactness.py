@@ -21,6 +21,7 @@ import numpy as np
 from .logits import LogitsPipeline
 from .config import SamplingConfig
 from .drafters import common_prefix
+from .errors import OrtspecError
 
 
 @dataclass
@@ -366,7 +367,6 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     gen._sampled_verify = wrong_verify
     control = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed + 1, alpha)
     if gen.draft_disabled and drafter in ("model", "hybrid"):  # the check would have measured target-only decoding
-        from .errors import OrtspecError
         raise OrtspecError(f"the draft model of {bundle_dir} failed during the check (see the warning above); "
                            "nothing about speculative decoding was measured")
     rejected = control.p_value < alpha

@@ -360,8 +360,8 @@ class SpeculativeGenerator:
         # second round, so the user's wait for the first token is the target's prefill only. A draft reading
         # the target's cache never reads the prompt: it drafts from the second round on, always (whatever the
         # target kept from an earlier call: the draft's state, and so a seeded output, must not depend on it).
-        shared = getattr(getattr(self.drafter, "model", self.drafter), "source", None) is not None
-        lazy = shared or len(committed) - target.length > self.LAZY_PREFILL
+        lazy = getattr(self.drafter, "source", None) is not None or \
+            len(committed) - target.length > self.LAZY_PREFILL
         while True:
             t0 = time.perf_counter()
             remaining = req.max_new_tokens - (len(committed) - start)

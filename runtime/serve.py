@@ -642,7 +642,8 @@ async def _sse(ticket: Ticket, engine: Engine):
 
 def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str = "model",
           num_draft_tokens: int | str = 4, provider: str = "cpu", threads: int | None = None,
-          draft_window: int | None = 512, draft_kv: str = "auto", max_queue: int = 32, request_timeout: float = 600.0, api_key: str | None = None,
+          draft_window: int | None = 512, draft_kv: str = "auto", max_queue: int = 32,
+          request_timeout: float = 600.0, api_key: str | None = None,
           model_id: str | None = None, max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 1024,
           ready=None) -> None:
     """Load a bundle and serve it until interrupted. ``ready(url)`` is called once the socket listens."""

@@ -140,17 +140,27 @@ class AutoController:
                 if k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0}
 
     def learned_profile(self) -> dict:
-        """Costs for a stored profile: timed sizes as timed; each other size scaled by the drift of the
-        nearest timed size, then read through the same prior as decisions (so a size that was off alone is
-        repaired from its neighbours)."""
+        """Costs for a stored profile: timed sizes as timed; a size between two timed ones on the line through
+        them, one above the largest on the line through the two largest (never falling); any other scaled by
+        the drift of the nearest timed size and read through the same prior as decisions. Untimed sizes
+        follow the timings, not the profile's shape, so a profile taken under load (flat, say) is repaired."""
         ratios = self._ratios()
-        base = []
-        for k, c in enumerate(self.target_costs, start=1):
-            if k in self.timed_at or not ratios:
-                base.append(c)
-            else:
-                base.append(c * ratios[min(ratios, key=lambda j: (abs(j - k), j))])
-        return {"target_costs": self._smoothed(base, self.drift() or 1.0), "draft_cost": self.draft_cost}
+        cost = self.target_costs
+        base = [c if k in self.timed_at or not ratios else c * ratios[min(ratios, key=lambda j: (abs(j - k), j))]
+                for k, c in enumerate(cost, start=1)]
+        out = self._smoothed(base, self.drift() or 1.0)
+        timed = sorted(k for k in self.timed_at if k <= len(cost))
+        for k in range(1, len(cost) + 1):
+            below, above = [j for j in timed if j < k], [j for j in timed if j > k]
+            if k in self.timed_at:
+                continue
+            if below and above:
+                j1, j2 = below[-1], above[0]
+                out[k - 1] = cost[j1 - 1] + (cost[j2 - 1] - cost[j1 - 1]) * (k - j1) / (j2 - j1)
+            elif len(below) >= 2:
+                j1, j2 = below[-2:]
+                out[k - 1] = cost[j2 - 1] + max(0.0, (cost[j2 - 1] - cost[j1 - 1]) / (j2 - j1)) * (k - j2)
+        return {"target_costs": out, "draft_cost": self.draft_cost}
 
     def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
         """Learn from a round: its target pass time, and (unless the draft came from a ``side`` source the

@@ -347,3 +347,19 @@ def test_a_damaged_stored_acceptance_is_as_good_as_none():
                                                                                              "measured": [1, 0]}}}
     assert stored_acceptance(profile) == {"sampled": {"alphas": [1.0, 0.4], "measured": [True, False]}}
     assert stored_acceptance({"acceptance": [0.9]}) == {} and stored_acceptance(None) == {}
+
+
+def test_a_flat_profile_is_relearned_from_the_timed_sizes():
+    """A profile calibrated under load reads the same cost for every pass size (seen: 78.6 ms for 2..9 on an
+    INT4 target whose passes cost per row). Sizes timed online replace it; the untimed ones must follow the
+    timings (on the line through them), not stay flat at the cost of the size below."""
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(8, {"target_costs": [5.0] * 9, "draft_cost": 0.1, "alphas": [0.8] * 8}, target, draft)
+    ctl.update(0, 0)  # the prefill round: not a cost sample
+    for gamma, cost in ((0, 1.0), (1, 1.2), (4, 1.8)):  # C_t(1) = 1.0, C_t(2) = 1.2, C_t(5) = 1.8
+        target.run_time_s += cost
+        draft.run_time_s += 0.1 * gamma
+        ctl.update(gamma, 0)
+    learned = ctl.learned_profile()["target_costs"]
+    expected = [1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4, 2.6]
+    assert all(abs(a - b) < 1e-9 for a, b in zip(learned, expected)), learned

@@ -210,6 +210,7 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
     def nbits(x: str, w, name: str, out: str, level: int | None = None) -> None:
         """out = x @ w.T with w block-quantized (MatMulNBits), plus the offsets' correction where w has them."""
         rows, cols = w.shape
+        w = w.centered()  # per-block zero points at the codes' mean: half the activation rounding error
         ins = [x, init(f"{name}.codes", w.packed(), raw=True), init(f"{name}.scales", w.scales.reshape(-1), raw=True)]
         zp = w.zero_points()
         if zp is not None:

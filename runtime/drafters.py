@@ -137,6 +137,7 @@ class ModelDrafter:
                 dists.append(q)
             else:
                 tok = int(pipeline.greedy(logits, committed, tokens)[0])
+            logits = None  # its host buffer is free again: the next step writes into it, already bound
             tokens.append(tok)
             feed = [tok]
         return Draft(tokens, dists if sampling else None)

@@ -1,7 +1,7 @@
 """SpeculativeGenerator: the decode loop, its public API and Stats bookkeeping."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import os
 import threading
 import time
@@ -144,6 +144,7 @@ class _Request:
     eos: frozenset
     seed: int | None
     strict: bool
+    text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
 
 
 class SpeculativeGenerator:
@@ -285,6 +286,7 @@ class SpeculativeGenerator:
     def generate(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, **kwargs) -> Result:
         """Generate and return all new tokens at once (same arguments as stream)."""
         events = self.stream(prompt, input_ids, **kwargs)
+        events._req = replace(events._req, text=False)  # before the first round: no per-round detokenizing
         ids: list[int] = []
         for ev in events:
             ids.extend(ev.token_ids)
@@ -340,7 +342,7 @@ class SpeculativeGenerator:
         rng = np.random.default_rng(req.seed)
         controller = make_controller(req.speculation, self, acceptance_mode(req.sampling))
         self._share_costs(req.speculation.bitwise)
-        decoder = StreamDecoder(self.codec)
+        decoder = StreamDecoder(self.codec if req.text else None)
         target, sampling = self.target, req.sampling.do_sample
         committed = list(req.prompt_ids)
         start, started = len(committed), time.perf_counter()
@@ -386,6 +388,7 @@ class SpeculativeGenerator:
             # 4. Verify left to right; the next token is a correction or the bonus.
             masses = [] if sampling and counted else None  # sum_x min(p, q) of each verified draft position
             verdict = self._verify(pipe, rows, committed, draft, sampling, rng, masses)
+            rows = None  # its host buffer is free again: the next pass writes into it, already bound
             if masses:
                 stats.record_min_mass(masses)
             # 5. Commit accepted drafts + next token, cut at EOS and max_new_tokens.

@@ -153,7 +153,7 @@ class Scratch:
         self._arrays: list[np.ndarray] = []
 
     def take(self, width: int) -> np.ndarray:
-        for i, arr in enumerate(self._arrays):
+        for arr in self._arrays:  # (a plain loop: enumerate's reused tuple would hold one more reference)
             if sys.getrefcount(arr) <= 3 and arr.size == width:  # the list, this loop, the call
                 return arr
         arr = np.empty(width, dtype=np.float32)
@@ -325,13 +325,20 @@ class LogitsPipeline:
         return np.stack([self.row(logits[i], base, new[:i]).dense(self.vocab_size) for i in range(len(logits))])
 
     def _sparse(self, ids: np.ndarray, scores: np.ndarray) -> Dist:
-        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p.
-        Computed in id order, so the same candidates give the same bits however they were found."""
-        order = np.argsort(ids)
-        ids, scores = ids[order], scores[order]
-        x = scores.astype(np.float64) / self.config.temperature
-        e = np.exp(x - x.max())
-        return self._top_p(ids, e / e.sum())
+        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p as
+        ``_top_p`` keeps it. One sort into the top-p order (descending score, lowest id first on ties) serves
+        both, so the same candidates give the same bits however they were found (the host and device paths)."""
+        order = np.lexsort((ids, -scores))
+        ids = ids[order]
+        x = scores[order].astype(np.float64) / self.config.temperature
+        e = np.exp(x - x[0])
+        probs = e / e.sum()
+        n = int(np.count_nonzero(probs))  # a suffix of underflowed zeros is dropped
+        if self.config.top_p < 1.0:  # a token is kept iff the mass strictly before it is < top_p
+            n = min(n, 1 + int(np.searchsorted(np.cumsum(probs[:-1]), self.config.top_p, side="left")))
+        kept = probs[:n]
+        order = np.argsort(ids[:n])
+        return Dist(ids[:n][order], (kept / kept.sum())[order])
 
     def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
         """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.

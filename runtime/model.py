@@ -472,21 +472,46 @@ class CausalLM:
     def _run_static(self, ids: list[int], total: int, keep: int, b) -> np.ndarray:
         """One call of a static-cache graph: only ids, lengths and the logits buffer are (re)bound."""
         spec = self.spec
-        b.bind_cpu_input(spec.input_ids, np.asarray([ids], dtype=np.int64))
-        b.bind_cpu_input(spec.seqlens_k, np.array([total - 1], dtype=np.int32))
-        b.bind_cpu_input(spec.total_sequence_length, np.array(total, dtype=np.int32))
-        rows = self._bind_keep(b, len(ids), keep)
+        feed = self._static_feed(b, len(ids))
+        feed["ids"][0] = ids
+        feed["seqlens"][0] = total - 1
+        feed["total"][...] = total
+        rows = len(ids)
+        if spec.logits_to_keep is not None:
+            feed["keep"][0] = rows = keep
         if self._lazy:
             value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], _NP[spec.dtype],
                                                               self.device, 0)
             b.bind_ortvalue_output(spec.logits, value)
+            feed["out"] = None
             self._execute(b)
             return DeviceRows(self, value)[rows - keep:]
         out = self._host_rows(rows)
-        b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+        if feed["out"] != (out.ctypes.data, rows):  # the same buffer as the last pass: still bound
+            b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
+            feed["out"] = (out.ctypes.data, rows)
         self._execute(b)
         rows = out[0, -keep:]
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+
+    def _static_feed(self, b, n: int) -> dict:
+        """The host arrays bound once to a static binding's small inputs (ids, lengths, rows to keep): a pass
+        writes its values into them instead of binding new arrays (onnxruntime reads bound host inputs in
+        place); the ids array is bound again only when the pass length changes, and the logits output only
+        when its buffer or row count does ("out": the last bound (address, rows))."""
+        feed = getattr(b, "ortspec_feed", None)
+        spec = self.spec
+        if feed is None:
+            feed = b.ortspec_feed = {"seqlens": np.zeros(1, np.int32), "total": np.zeros((), np.int32),
+                                     "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None}
+            b.bind_cpu_input(spec.seqlens_k, feed["seqlens"])
+            b.bind_cpu_input(spec.total_sequence_length, feed["total"])
+            if spec.logits_to_keep is not None:
+                b.bind_cpu_input(spec.logits_to_keep, feed["keep"])
+        if feed["ids"].shape[1] != n:
+            feed["ids"] = np.zeros((1, n), np.int64)
+            b.bind_cpu_input(spec.input_ids, feed["ids"])
+        return feed
 
     def _host_rows(self, rows: int) -> np.ndarray:
         """A [1, rows, vocab] host array for the logits to be written into.
@@ -500,8 +525,9 @@ class CausalLM:
         need = rows * width
         if rows > self.HOST_ROWS:
             return np.empty((1, rows, width), dtype=dtype)  # freed after use: nothing grows with use
-        for i, buf in enumerate(self._host):
-            if sys.getrefcount(buf) <= 3:  # the list, this loop, the call: nobody else holds it
+        for i in range(len(self._host)):  # (not enumerate: its reused tuple would hold one more reference)
+            buf = self._host[i]
+            if sys.getrefcount(buf) <= 3:  # the list, ``buf``, the call: nobody else holds it
                 if buf.size < need:
                     buf = self._host[i] = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
                 return buf[:need].reshape(1, rows, width)

@@ -98,6 +98,31 @@ def test_logits_only_where_used(kinds):
         assert np.array_equal(rows, full[n - 2:n])
 
 
+def test_passes_reuse_their_bound_buffers(kinds):
+    """Decoding passes write into the host buffer (and small inputs) bound before when nobody holds the last
+    rows: no binding per pass, and every pass's rows are still those of a fresh prefill."""
+    lm = target_lm(kinds["llama-fp32"])
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, 120, 40)]
+    full = lm.prefill(ids)
+    lm.prefill(ids[:20], keep=1)
+    binding, bound = lm._binding, []
+    real = binding.bind_output
+    binding.bind_output = lambda *a, **k: (bound.append(a[4]), real(*a, **k))
+    for n in range(20, 39):
+        rows = lm.forward(ids[n:n + 2], keep=1)  # two positions each (bitwise passes)
+        assert np.array_equal(rows[0], full[n + 1]), n
+        lm.rollback(n + 1)
+        rows = None
+    assert lm._binding is binding and len(bound) <= 1, bound
+    lm.rollback(30)
+    held = lm.forward(ids[30:32], keep=1)  # a caller holding rows: the next pass takes another buffer
+    lm.rollback(31)
+    again = lm.forward(ids[31:33], keep=1)
+    assert held.base is not again.base
+    assert np.array_equal(held[0], full[31])
+    assert np.array_equal(again[0], full[32])
+
+
 @pytest.mark.parametrize("kind", ["llama-int4", "qwen2-int8w", "llama-fp16"])
 def test_target_only_equals_speculative_on_quantized_targets(kinds, kind):
     prompts = [CONTEXT, [1, 8, 8, 8, 8, 8, 9, 8, 8], [1, 120, 3, 77, 64, 12, 33, 7, 90, 101, 4]]

@@ -96,3 +96,16 @@ def test_invalid_settings_name_the_argument(bad):
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
         SamplingConfig(do_sample=True, **bad)
+
+
+def test_scratch_arrays_are_handed_out_again_once_released():
+    """A scratch array comes back once nothing refers to it (no fresh vocabulary-wide array, no page faults,
+    per row); one still referenced is never handed out twice."""
+    from ortspec.logits import Scratch
+    scratch = Scratch()
+    first = scratch.take(1000)
+    address = first.ctypes.data
+    second = scratch.take(1000)
+    assert second is not first
+    del first
+    assert scratch.take(1000).ctypes.data == address

@@ -52,6 +52,9 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
     generation: sampling settings the model's authors recommend (do_sample, temperature, top_k, top_p,
         repetition_penalty), written into the bundle's generation_config.json as the defaults of generation.
+    draft_quant / target_quant: re-quantize that model ("int4", "int8w", ...; see quantize.METHODS), or "gguf":
+        keep that .gguf file's own quantized weights even when ``dtype`` asks for float weights (an fp32 target
+        from one file with a draft kept as its file has it, say).
     activations: how the matrices of a GGUF file kept as they are read their inputs: "int8" (default: rounded to
         int8 per block, as llama.cpp's CPU kernels do; fastest) or "fp32" (the 4-bit matrices read float inputs:
         closer to the file's model in float, at 1.3-2.9x the cost per decoding step on a CPU).
@@ -68,9 +71,9 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
     if activations not in ("int8", "fp32"):
         raise ValueError(f"activations must be 'int8' or 'fp32', got {activations!r}")
-    if activations != "int8" and (dtype is not None or not any(
-            str(src).lower().endswith(".gguf") and not quant
-            for src, quant in ((target, target_quant), (draft, draft_quant)) if src not in (None, "self"))):
+    if activations != "int8" and not any(
+            str(src).lower().endswith(".gguf") and (quant == KEEP or (not quant and dtype is None))
+            for src, quant in ((target, target_quant), (draft, draft_quant)) if src not in (None, "self")):
         raise ValueError("activations applies to the matrices of a .gguf file kept as they are: pass a .gguf "
                          "target or draft without --dtype and without re-quantizing it")
     if dtype not in (None, "fp32", "fp16"):
@@ -90,6 +93,9 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         SamplingConfig(**generation)  # refuse bad values before any work
     if draft_vocab is not None and draft is None:
         raise ValueError("draft_vocab restricts the draft's output layer: pass a draft too")
+    if draft_vocab is not None and draft_quant == KEEP:
+        raise ValueError(f"draft_vocab rebuilds the draft's output layer from float weights: it cannot keep the "
+                         f"file's quantized weights (draft_quant={KEEP!r}); pick one")
     if dtype == "fp16" and "int8" in (draft_quant, target_quant):
         raise ValueError("int8 dynamic quantization needs fp32 weights; use int4 or int8w with fp16")
     out = Path(out).expanduser()
@@ -136,12 +142,16 @@ def _check_args(target, draft, draft_quant, target_quant) -> None:
     if draft is not None and (not isinstance(draft, str) or not draft):
         raise ValueError("draft must be None, 'self', a hub id, a model directory or a .gguf path")
     for name, q in (("draft_quant", draft_quant), ("target_quant", target_quant)):
-        if q is not None and q not in METHODS:
-            raise ValueError(f"{name} must be one of {', '.join(METHODS)} or None, got {q!r}")
-    if draft == "self" and draft_quant is None:
+        if q is not None and q not in METHODS + (KEEP,):
+            raise ValueError(f"{name} must be one of {', '.join(METHODS + (KEEP,))} or None, got {q!r}")
+    if draft == "self" and draft_quant in (None, KEEP):
         raise ValueError("draft='self' makes the draft a quantized copy of the target: pass draft_quant='int4' or 'int8'")
     if draft is None and draft_quant is not None:
         raise ValueError("draft_quant needs a draft: pass draft='self' or a draft model")
+    for name, q, src in (("draft_quant", draft_quant, draft), ("target_quant", target_quant, target)):
+        if q == KEEP and not str(src).lower().endswith(".gguf"):
+            raise ValueError(f"{name}={KEEP!r} keeps a .gguf file's own quantized weights, and {src!r} is not a "
+                             ".gguf file")
     if target_quant == "int8":
         raise ValueError("target_quant='int8' (dynamic quantization) is refused: it quantizes activations with one "
                          "scale per pass, so a position's logits depend on the other positions in its pass and "
@@ -195,7 +205,8 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     kind = choose_graph(src.model, graph)
     target_info = _model_facts(src)
     t_quant = None
-    if _keeps_blocks(src, dtype, target_quant, kind, say):
+    keep_target, target_quant = target_quant == KEEP, None if target_quant == KEEP else target_quant
+    if _keeps_blocks(src, None if keep_target else dtype, target_quant, kind, say, keep_target):
         say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) with the GGUF file's quantized weights")
         t_quant = _gguf_graph(src, tmp / "target", say, activations)
         fp32 = None
@@ -228,7 +239,9 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             draft_info = _model_facts(dsrc)
             dkind = choose_graph(dsrc.model, graph)
             native_quant = None
-            if _keeps_blocks(dsrc, dtype, draft_quant or (draft_vocab and "vocab"), dkind, say):
+            keep_draft, draft_quant = draft_quant == KEEP, None if draft_quant == KEEP else draft_quant
+            if _keeps_blocks(dsrc, None if keep_draft else dtype, draft_quant or (draft_vocab and "vocab"), dkind,
+                             say, keep_draft):
                 say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) with the GGUF file's "
                     "quantized weights")
                 native_quant = _gguf_graph(dsrc, draft_dir, say, activations)
@@ -266,16 +279,22 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             "tokenizer": tok_info, "export_versions": _versions()}
 
 
-def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progress) -> bool:
+def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progress, asked: bool = False) -> bool:
     """Whether this source's graph keeps its GGUF quantized weights: a .gguf file, no precision asked for
-    (dtype None, no re-quantization), and a fused graph to hold them."""
+    (dtype None, no re-quantization), and a fused graph to hold them. ``asked``: the caller asked for exactly
+    that (quant "gguf"), so a model that cannot keep them is an error."""
     if src.info["kind"] != "gguf" or dtype is not None or requant:
         return False
     if kind != "fused":
+        if asked:
+            raise ExportError(f"{src.info['ref']} needs the optimum graph, which takes float weights only: its "
+                              "GGUF quantized weights cannot be kept; leave out quant 'gguf'")
         say("this model needs the optimum graph, which takes float weights only: the GGUF file is dequantized")
         return False
     return True
 
+
+KEEP = "gguf"  # --target-quant/--draft-quant value: keep the .gguf file's own quantized weights
 
 # MatMulNBits accuracy levels by the matrices' bits: 4 rounds each input row to int8 per block, 1 reads it in fp32.
 # With fp32 inputs onnxruntime's 4-bit kernel costs 1.3-2.9x per decoding step here, its 8-bit one (the 5-, 6-

@@ -197,6 +197,41 @@ def test_fp32_activations_need_a_gguf_file_kept_as_it_is(tmp_path):
         export_bundle(target="model.gguf", out=tmp_path / "b", activations="int4", progress=None)
 
 
+def test_keeping_a_gguf_files_weights_needs_a_gguf_file(tmp_path):
+    from ortspec.export import export_bundle
+    cases = [({"target": "HuggingFaceTB/SmolLM2-135M-Instruct", "target_quant": "gguf"}, "is not a .gguf file"),
+             ({"target": "t.gguf", "draft": "d/", "draft_quant": "gguf"}, "is not a .gguf file"),
+             ({"target": "t.gguf", "draft": "self", "draft_quant": "gguf"}, "quantized copy of the target"),
+             ({"target": "t.gguf", "draft": "d.gguf", "draft_quant": "gguf", "draft_vocab": 100}, "pick one"),
+             ({"target": "t.gguf", "target_quant": "gguf4"}, "target_quant must be one of")]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            export_bundle(out=tmp_path / "b", progress=None, **kwargs)
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_fp32_target_with_a_draft_kept_as_its_file_has_it(smol_gguf_bundle, tmp_path):
+    """--dtype fp32 --draft-quant gguf: the target dequantized to float, the draft the file's own blocks (the
+    same file here); speculation over them equals target-only decoding."""
+    import json
+    from ortspec import SpeculativeGenerator
+    from ortspec.export import export_bundle
+    _, source = smol_gguf_bundle
+    bundle = export_bundle(target=source, draft=source, draft_quant="gguf", dtype="fp32",
+                           out=tmp_path / "fp32-gguf-draft", progress=None)
+    models = json.loads((bundle / "ortspec.json").read_text())["models"]
+    assert models["draft"]["quantization"]["method"] == "gguf"
+    assert models["draft"]["quantization"]["types"] == {"Q4_1": 210, "Q8_0": 1}
+    assert not models["target"].get("quantization")
+    gen = SpeculativeGenerator.load(bundle)
+    ref = SpeculativeGenerator.load(bundle, drafter="none")
+    for prompt in ("def fibonacci(n):", "The three laws of caching are"):
+        a = gen.generate(prompt=prompt, max_new_tokens=24, do_sample=False, num_draft_tokens=4)
+        assert a.token_ids == ref.generate(prompt=prompt, max_new_tokens=24, do_sample=False).token_ids
+        assert a.stats.acceptance_rate > 0.5
+
+
 # -- the quality command ------------------------------------------------------------------------------------------
 
 def test_quality_of_a_model_against_itself_and_a_noisier_copy(llama_bundle, tmp_path):

@@ -205,8 +205,9 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     kind = choose_graph(src.model, graph)
     target_info = _model_facts(src)
     t_quant = None
-    keep_target, target_quant = target_quant == KEEP, None if target_quant == KEEP else target_quant
-    if _keeps_blocks(src, None if keep_target else dtype, target_quant, kind, say, keep_target):
+    keep = {"target": target_quant == KEEP, "draft": draft_quant == KEEP}  # quant "gguf": the file as it is
+    target_quant, draft_quant = (None if q == KEEP else q for q in (target_quant, draft_quant))
+    if _keeps_blocks(src, dtype, target_quant, kind, say, keep["target"]):
         say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) with the GGUF file's quantized weights")
         t_quant = _gguf_graph(src, tmp / "target", say, activations)
         fp32 = None
@@ -239,9 +240,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             draft_info = _model_facts(dsrc)
             dkind = choose_graph(dsrc.model, graph)
             native_quant = None
-            keep_draft, draft_quant = draft_quant == KEEP, None if draft_quant == KEEP else draft_quant
-            if _keeps_blocks(dsrc, None if keep_draft else dtype, draft_quant or (draft_vocab and "vocab"), dkind,
-                             say, keep_draft):
+            if _keeps_blocks(dsrc, dtype, draft_quant or (draft_vocab and "vocab"), dkind, say, keep["draft"]):
                 say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) with the GGUF file's "
                     "quantized weights")
                 native_quant = _gguf_graph(dsrc, draft_dir, say, activations)
@@ -282,8 +281,8 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
 def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progress, asked: bool = False) -> bool:
     """Whether this source's graph keeps its GGUF quantized weights: a .gguf file, no precision asked for
     (dtype None, no re-quantization), and a fused graph to hold them. ``asked``: the caller asked for exactly
-    that (quant "gguf"), so a model that cannot keep them is an error."""
-    if src.info["kind"] != "gguf" or dtype is not None or requant:
+    that (quant "gguf", whatever dtype says), so a model that cannot keep them is an error."""
+    if src.info["kind"] != "gguf" or (dtype is not None and not asked) or requant:
         return False
     if kind != "fused":
         if asked:

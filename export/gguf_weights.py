@@ -102,7 +102,7 @@ class BlockWeight:
         codes = self.codes.reshape(rows, cols // self.block, self.block)
         if self.bits == 8:
             return np.ascontiguousarray(codes)
-        return np.ascontiguousarray(codes[..., 0::2] | (codes[..., 1::2] << np.uint8(4)))
+        return _pack_pairs(codes)
 
     def zero_points(self) -> np.ndarray | None:
         """Explicit zero points as the operators take them (two 4-bit ones per byte, the even block's in the low
@@ -111,12 +111,14 @@ class BlockWeight:
             return None
         rows, blocks = self.scales.shape
         zeros = self.zeros if self.zeros is not None else np.zeros((rows, blocks), np.uint8)
-        if self.bits == 8:
-            return np.ascontiguousarray(zeros)
-        out = np.zeros((rows, (blocks + 1) // 2), np.uint8)
-        out[:, :(blocks + 1) // 2] = zeros[:, 0::2]
-        out[:, :blocks // 2] |= zeros[:, 1::2] << np.uint8(4)
-        return out
+        return np.ascontiguousarray(zeros) if self.bits == 8 else _pack_pairs(zeros)
+
+
+def _pack_pairs(values: np.ndarray) -> np.ndarray:
+    """4-bit values, two per byte along the last axis (the even one in the low nibble; an odd count padded)."""
+    if values.shape[-1] % 2:
+        values = np.concatenate([values, np.zeros((*values.shape[:-1], 1), values.dtype)], axis=-1)
+    return np.ascontiguousarray(values[..., 0::2] | (values[..., 1::2] << np.uint8(4)))
 
 
 def concat_rows(parts: list[BlockWeight]) -> BlockWeight:

@@ -150,10 +150,8 @@ class AutoController:
                 for k, c in enumerate(cost, start=1)]
         out = self._smoothed(base, self.drift() or 1.0)
         timed = sorted(k for k in self.timed_at if k <= len(cost))
-        for k in range(1, len(cost) + 1):
+        for k in set(range(1, len(cost) + 1)) - set(timed):
             below, above = [j for j in timed if j < k], [j for j in timed if j > k]
-            if k in self.timed_at:
-                continue
             if below and above:
                 j1, j2 = below[-1], above[0]
                 out[k - 1] = cost[j1 - 1] + (cost[j2 - 1] - cost[j1 - 1]) * (k - j1) / (j2 - j1)

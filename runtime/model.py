@@ -472,13 +472,7 @@ class CausalLM:
     def _run_static(self, ids: list[int], total: int, keep: int, b) -> np.ndarray:
         """One call of a static-cache graph: only ids, lengths and the logits buffer are (re)bound."""
         spec = self.spec
-        feed = self._static_feed(b, len(ids))
-        feed["ids"][0] = ids
-        feed["seqlens"][0] = total - 1
-        feed["total"][...] = total
-        rows = len(ids)
-        if spec.logits_to_keep is not None:
-            feed["keep"][0] = rows = keep
+        feed, rows = self._feed_small(b, ids, total, keep)
         if self._lazy:
             value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], _NP[spec.dtype],
                                                               self.device, 0)
@@ -487,31 +481,42 @@ class CausalLM:
             self._execute(b)
             return DeviceRows(self, value)[rows - keep:]
         out = self._host_rows(rows)
-        if feed["out"] != (out.ctypes.data, rows):  # the same buffer as the last pass: still bound
+        if feed["out"] != (out.ctypes.data, rows) or self.device != "cpu":  # the same buffer: still bound
             b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
             feed["out"] = (out.ctypes.data, rows)
         self._execute(b)
         rows = out[0, -keep:]
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
 
-    def _static_feed(self, b, n: int) -> dict:
-        """The host arrays bound once to a static binding's small inputs (ids, lengths, rows to keep): a pass
-        writes its values into them instead of binding new arrays (onnxruntime reads bound host inputs in
-        place); the ids array is bound again only when the pass length changes, and the logits output only
-        when its buffer or row count does ("out": the last bound (address, rows))."""
-        feed = getattr(b, "ortspec_feed", None)
+    def _feed_small(self, b, ids: list[int], total: int, keep: int) -> tuple[dict, int]:
+        """Write a pass's small inputs (ids, lengths, rows to keep) into host arrays bound to the static binding
+        ``b``; the number of logits rows the pass returns. On the CPU provider onnxruntime reads bound host
+        inputs in place at run time, so an array is bound once (the ids again only when the pass length
+        changes); on other devices binding copies the values, so every pass binds them again. The feed's
+        "out" is the (address, rows) of the logits buffer bound last."""
         spec = self.spec
+        feed = getattr(b, "ortspec_feed", None)
+        bind = feed is None or self.device != "cpu"
         if feed is None:
             feed = b.ortspec_feed = {"seqlens": np.zeros(1, np.int32), "total": np.zeros((), np.int32),
                                      "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None}
+        bind_ids = bind or feed["ids"].shape[1] != len(ids)
+        if feed["ids"].shape[1] != len(ids):
+            feed["ids"] = np.zeros((1, len(ids)), np.int64)
+        feed["ids"][0] = ids
+        feed["seqlens"][0] = total - 1
+        feed["total"][...] = total
+        rows = len(ids)
+        if spec.logits_to_keep is not None:
+            feed["keep"][0] = rows = keep
+        if bind:
             b.bind_cpu_input(spec.seqlens_k, feed["seqlens"])
             b.bind_cpu_input(spec.total_sequence_length, feed["total"])
             if spec.logits_to_keep is not None:
                 b.bind_cpu_input(spec.logits_to_keep, feed["keep"])
-        if feed["ids"].shape[1] != n:
-            feed["ids"] = np.zeros((1, n), np.int64)
+        if bind_ids:
             b.bind_cpu_input(spec.input_ids, feed["ids"])
-        return feed
+        return feed, rows
 
     def _host_rows(self, rows: int) -> np.ndarray:
         """A [1, rows, vocab] host array for the logits to be written into.

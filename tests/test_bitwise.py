@@ -121,6 +121,14 @@ def test_passes_reuse_their_bound_buffers(kinds):
     assert held.base is not again.base
     assert np.array_equal(held[0], full[31])
     assert np.array_equal(again[0], full[32])
+    # where binding copies host inputs (a GPU provider), every pass binds them again: the branch, run on CPU
+    del held, again
+    lm.device, bound[:] = "cuda", []
+    for n in range(20, 24):
+        lm.rollback(n)
+        assert np.array_equal(lm.forward(ids[n:n + 2], keep=1)[0], full[n + 1]), n
+    lm.device = "cpu"
+    assert len(bound) == 4
 
 
 @pytest.mark.parametrize("kind", ["llama-int4", "qwen2-int8w", "llama-fp16"])

@@ -325,20 +325,13 @@ class LogitsPipeline:
         return np.stack([self.row(logits[i], base, new[:i]).dense(self.vocab_size) for i in range(len(logits))])
 
     def _sparse(self, ids: np.ndarray, scores: np.ndarray) -> Dist:
-        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p as
-        ``_top_p`` keeps it. One sort into the top-p order (descending score, lowest id first on ties) serves
-        both, so the same candidates give the same bits however they were found (the host and device paths)."""
+        """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p.
+        Computed in the top-p order (descending score, lowest id first on ties), so the same candidates give
+        the same bits however they were found (the host and device paths)."""
         order = np.lexsort((ids, -scores))
-        ids = ids[order]
         x = scores[order].astype(np.float64) / self.config.temperature
         e = np.exp(x - x[0])
-        probs = e / e.sum()
-        n = int(np.count_nonzero(probs))  # a suffix of underflowed zeros is dropped
-        if self.config.top_p < 1.0:  # a token is kept iff the mass strictly before it is < top_p
-            n = min(n, 1 + int(np.searchsorted(np.cumsum(probs[:-1]), self.config.top_p, side="left")))
-        kept = probs[:n]
-        order = np.argsort(ids[:n])
-        return Dist(ids[:n][order], (kept / kept.sum())[order])
+        return self._nucleus_sorted(ids[order], e / e.sum())
 
     def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
         """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.
@@ -347,18 +340,18 @@ class LogitsPipeline:
         probability is <= 1 - top_p, keep at least one): in descending order (lowest
         id first on ties) a token is kept iff the mass strictly before it is < top_p.
         """
-        top_p = self.config.top_p
-        if top_p < 1.0:
-            order = np.lexsort((ids, -probs))
-            before = np.cumsum(probs[order]) - probs[order]
-            keep = order[before < top_p] if before.size else order
-            if keep.size == 0:
-                keep = order[:1]
-            ids, probs = ids[keep], probs[keep] / probs[keep].sum()
-        order = np.argsort(ids)
-        ids, probs = ids[order], probs[order]
-        nonzero = probs > 0
-        return Dist(ids[nonzero], probs[nonzero])
+        order = np.lexsort((ids, -probs))
+        return self._nucleus_sorted(ids[order], probs[order])
+
+    def _nucleus_sorted(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
+        """``_top_p`` on rows already in the top-p order: the kept prefix (underflowed zeros, a suffix there,
+        dropped), renormalized, sorted by id."""
+        n = int(np.count_nonzero(probs))
+        if self.config.top_p < 1.0:
+            n = min(n, 1 + int(np.searchsorted(np.cumsum(probs[:-1]), self.config.top_p, side="left")))
+        kept = probs[:n]
+        order = np.argsort(ids[:n])
+        return Dist(ids[:n][order], (kept / kept.sum())[order])
 
     def _nucleus(self, weights: np.ndarray, total: float) -> Dist:
         """Top-p over dense weights: first among the largest blocks; a large nucleus by a threshold search."""

@@ -41,14 +41,16 @@ with the request's speculative statistics (acceptance, tokens per round, mean dr
 
 def _sampling_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (Hugging Face generate semantics; a flag left out takes the bundle's "
-                             "generation config, else greedy with the warpers off)")
+                             "generation config, else transformers' default: greedy; when sampling, "
+                             "temperature 1, top-k 50, top-p 1)")
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     g.add_argument("--sample", "--do-sample", dest="do_sample", action="store_const", const=True, default=None,
                    help="sample instead of greedy decoding")
     g.add_argument("--greedy", dest="do_sample", action="store_const", const=False,
                    help="greedy decoding even when the bundle's generation config samples")
     g.add_argument("--temperature", type=float, default=None, help="softmax temperature (> 0) when sampling")
-    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (0 = off; default 50 when "
+                   "sampling, unless the bundle's generation config says otherwise)")
     g.add_argument("--top-p", type=float, default=None, help="nucleus: smallest set reaching this mass (1 = off)")
     g.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")

@@ -42,8 +42,9 @@ class SamplingConfig:
         object.__setattr__(self, "bad_words_ids", words)
 
 
-# ortspec's sampling settings where neither a call nor the bundle's generation config gives one
-SAMPLING_FALLBACK = {"do_sample": False, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+# The settings where neither a call nor the bundle's generation config gives one: transformers' defaults
+# (greedy; when sampling, temperature 1, top-k 50, top-p 1, no penalty). top_k=0 turns top-k off.
+SAMPLING_FALLBACK = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 
 
 def resolve_sampling(defaults: dict, **given) -> dict:

@@ -288,7 +288,9 @@ def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma
     """First-K-token distribution of full speculative rounds vs the exact target-only distribution."""
     from .stats import pooled_chi_square, tv_sampling_bound
     k_max = max(ks)
-    pipe = LogitsPipeline(SamplingConfig(do_sample=True, **sampling), gen.vocab_size)
+    # the settings generate() will use (a setting left out: the bundle's, else transformers' default)
+    pipe = LogitsPipeline(SamplingConfig(**gen.sampling_settings(**(sampling | {"do_sample": True}))),
+                          gen.vocab_size)
     per_prefix = max(1, samples // len(prefixes))
     tests, p_values = [], []
     for pi, prefix in enumerate(prefixes):

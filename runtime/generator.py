@@ -309,7 +309,8 @@ class SpeculativeGenerator:
         assistant's reply, then the next user turn) reuses that call's cached prefix: only new tokens are fed.
 
         Sampling settings left out (None) come from the bundle's generation_config.json, as in transformers'
-        ``generate`` (see ``sampling_defaults``); without one, decoding is greedy and the warpers are off.
+        ``generate`` (see ``sampling_defaults``), else transformers' defaults: greedy; when sampling,
+        temperature 1, top-k 50 (``top_k=0`` turns it off), top-p 1, no repetition penalty.
         """
         sampling = SamplingConfig(**self.sampling_settings(
             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -331,7 +332,7 @@ class SpeculativeGenerator:
 
     def sampling_settings(self, **given) -> dict:
         """Sampling settings for a call: each one given (not None) wins, then the bundle's generation
-        config, then ortspec's defaults (greedy; temperature 1, top-k and top-p off, no penalty)."""
+        config, then transformers' defaults (greedy; temperature 1, top-k 50, top-p 1, no penalty)."""
         return resolve_sampling(self.bundle.sampling_defaults, **given)
 
     # -- the decode loop ------------------------------------------------------

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .config import resolve_sampling
 from .bundle import check_compatible, load_bundle, sha256_file
 from .errors import BundleError, IncompatibleModelsError
 
@@ -48,6 +49,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
             errors.append(compat)
     return {"bundle": str(Path(path).resolve()), "ok": not errors, "errors": errors, "models": models,
             "generation_defaults": bundle.sampling_defaults,
+            "sampling_in_force": resolve_sampling(bundle.sampling_defaults),
             "tokenizer": bundle.manifest.get("tokenizer"), "compatibility": compat,
             "export_versions": bundle.manifest.get("export_versions", {})}
 
@@ -86,8 +88,11 @@ def format_report(r: dict) -> str:
         if pres:
             lines.append(f"    out {pres[0]} .. {pres[-1]} ({len(pres)} tensors) {outs[pres[0]]}")
     defaults = r.get("generation_defaults") or {}
-    lines.append("  generation defaults (generation_config.json): " + (
-        ", ".join(f"{k}={v}" for k, v in defaults.items()) if defaults else "none: greedy, warpers off"))
+    force = r.get("sampling_in_force") or {}
+    lines.append("  sampling when a call sets nothing: " + ", ".join(
+        f"{k}={v}" + ("" if k in defaults else "*") for k, v in force.items())
+        + ("  (* transformers' default; the rest from generation_config.json)" if len(defaults) < len(force)
+           else "  (from generation_config.json)"))
     tok = r.get("tokenizer")
     if tok:
         lines.append(f"  tokenizer: {tok.get('vocab_size')} tokens, eos {tok.get('eos_token_ids')}, "

@@ -21,8 +21,8 @@ SETTINGS = {
     "qwen defaults": dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
     "top-k 5 hot": dict(do_sample=True, temperature=1.5, top_k=5),
     "top-k strong penalty": dict(do_sample=True, top_k=10, repetition_penalty=3.0, bad_words_ids=[[4], [6, 8]]),
-    "temperature only": dict(do_sample=True, temperature=0.8),
-    "top-p only": dict(do_sample=True, top_p=0.9),
+    "temperature only": dict(do_sample=True, temperature=0.8, top_k=0),
+    "top-p only": dict(do_sample=True, top_p=0.9, top_k=0),
     "penalty below 1": dict(do_sample=True, top_k=10, repetition_penalty=0.8),
 }
 READS_TOP = {"greedy", "greedy penalty", "greedy banned", "qwen defaults", "top-k 5 hot", "top-k strong penalty"}

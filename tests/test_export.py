@@ -285,6 +285,8 @@ def test_inspect_cli_json(llama_bundle):
     assert report["ok"] and report["compatibility"].startswith("compatible")
     assert report["models"]["draft"]["quantization"]["method"] == "int4"
     assert report["models"]["target"]["io"]["inputs"]["past_key_values.0.key"] == [1, 2, "max_sequence_length", 16]
+    assert report["sampling_in_force"] == dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0,
+                                               repetition_penalty=1.0)
 
 
 def test_cli_refuses_existing_bundle_with_one_line(tmp_path, hf_models, llama_bundle):

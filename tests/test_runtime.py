@@ -382,6 +382,22 @@ def test_bad_prompts(llama_bundle):
         SpeculativeGenerator.load("/nonexistent/bundle")
 
 
+def test_settings_left_out_everywhere_are_transformers_defaults(llama_bundle):
+    """No call setting and no generation config: transformers' GenerationConfig defaults, top-k 50 included."""
+    from ortspec.config import SAMPLING_FALLBACK
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GenerationConfig()
+    assert SAMPLING_FALLBACK == {k: getattr(hf, k) for k in SAMPLING_FALLBACK}
+    gen = SpeculativeGenerator.load(llama_bundle)
+    assert not gen.bundle.sampling_defaults
+    assert gen.sampling_settings(do_sample=True) == dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0,
+                                                         repetition_penalty=1.0)
+    runs = {k: [gen.generate(input_ids=PROMPTS[0], max_new_tokens=12, seed=s, do_sample=True, top_k=k,
+                             eos_token_id=[]).token_ids for s in range(6)] for k in (None, 50, 0)}
+    assert runs[None] == runs[50]   # left out: 50, not off
+    assert runs[None] != runs[0]    # and top_k=0 turns it off (a 128-token vocabulary: 50 truncates)
+
+
 def test_generation_config_supplies_the_sampling_defaults(tmp_path, llama_bundle):
     import json
     import shutil

@@ -82,6 +82,24 @@ def test_fast_rows_equal_the_reference(vocab, kind, settings):
         assert np.allclose(ours, ref, rtol=2e-5, atol=1e-10), np.abs(ours - ref).max()
 
 
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_large_nucleus_cuts_ties_by_id(top_p):
+    """A flat row of a few tied levels: the nucleus search's cut falls inside a tie, which keeps the lowest ids
+    first, as the full sort does; a uniform row keeps the first ceil(top_p * V) ids (up to rounding of the sum)."""
+    vocab = 151_936
+    cfg = SamplingConfig(do_sample=True, top_p=top_p)
+    pipe = LogitsPipeline(cfg, vocab)
+    rng = np.random.default_rng(3)
+    levels = rng.integers(0, 3, vocab).astype(np.float32) * np.float32(0.25)
+    ours = pipe.row(levels, []).dense(vocab)
+    ref = reference(cfg, levels, [], vocab)
+    assert np.array_equal(ours > 0, ref > 0) and np.allclose(ours, ref, rtol=2e-5, atol=1e-12)
+    uniform = pipe.row(np.zeros(vocab, np.float32), []).dense(vocab)
+    kept = np.flatnonzero(uniform)
+    assert kept[0] == 0 and kept.size == kept[-1] + 1  # a prefix of the ids
+    assert abs(kept.size - np.ceil(top_p * vocab)) <= 1
+
+
 @pytest.mark.parametrize("k", [1, 5, 20, 64, 500, 5000])
 def test_top_candidates_hold_the_top_k_with_ties(k):
     for kind in ("peaked", "flat", "ties"):

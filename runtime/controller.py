@@ -47,6 +47,7 @@ class AutoController:
     COMPETITIVE = 0.9   # ... when its predicted speedup is at least this share of the best
     MAX_JUMP = 3.0      # a profile-only cost may exceed the size before it by this many typical steps
     EVIDENCE = 8        # observations of the first position before a pause is trusted (a prior counts as many)
+    plans = True        # chooses gamma (what it learns may be kept for the next request)
 
     def __init__(self, max_gamma: int, profile: dict | None, target, draft_lm):
         self.max_gamma = max_gamma
@@ -102,6 +103,10 @@ class AutoController:
             if stale:
                 return max(stale, key=lambda g: predicted_speedup(self.alphas, g, self.draft_cost, costs))
         return gamma
+
+    def live_costs(self) -> list[float] | None:
+        """``costs()`` once at least two pass sizes have been timed online (before that, None)."""
+        return self.costs() if len(self.timed_at) >= 2 else None
 
     def costs(self) -> list[float]:
         """C_t(k) as decisions read it. Timed sizes as timed. A size known only from the profile is read
@@ -202,6 +207,21 @@ class AutoController:
                     self.alphas[j] = self.DEEPER * self.alphas[j - 1]
 
 
+class TimedFixedController(AutoController):
+    """A fixed gamma, with the pass costs, draft step and acceptance timed online as auto times them: for
+    drafters that choose their proposals by cost (the hybrid's source, a long copy's length). Nothing it
+    learns is stored."""
+
+    plans = False
+
+    def __init__(self, gamma: int, profile: dict | None, target, draft_lm):
+        super().__init__(min(8, max(gamma, 1)), profile, target, draft_lm)
+        self.gamma = gamma
+
+    def choose(self) -> int:
+        return self.gamma
+
+
 def planning_costs(profile: dict | None, bitwise: bool) -> list[float]:
     """A profile's target pass costs C_t(1..) as decisions read them: with bitwise passes a target-only step is
     a pass of two positions, so C_t(1) is C_t(2)."""
@@ -219,16 +239,19 @@ def acceptance_mode(sampling) -> str:
 def make_controller(speculation: SpeculationConfig, generator, mode: str = "greedy"):
     """The request's gamma controller. auto starts from the acceptance this generator's last auto request of
     the same mode learned, else the one stored in the bundle's profile, else a neutral guess."""
-    if speculation.num_draft_tokens == "auto":
-        lm = getattr(generator.drafter, "lm", None)
-        profile = dict(generator.profile())
-        if lm is None:
-            profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
-        profile["target_costs"] = planning_costs(profile, speculation.bitwise)
-        prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) or stored_acceptance(profile).get(mode)
-        profile.update(prior or {})
-        return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
-    return FixedController(int(speculation.num_draft_tokens))
+    auto = speculation.num_draft_tokens == "auto"
+    if not auto and not hasattr(generator.drafter, "pass_costs"):
+        return FixedController(int(speculation.num_draft_tokens))
+    lm = getattr(generator.drafter, "lm", None)
+    profile = dict((generator.profile() if auto else generator.stored_profile()) or {})  # auto calibrates once
+    if lm is None:
+        profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
+    profile["target_costs"] = planning_costs(profile, speculation.bitwise)
+    prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) or stored_acceptance(profile).get(mode)
+    profile.update(prior or {})
+    if not auto:  # a drafter that sizes its proposals by cost gets the costs timed online
+        return TimedFixedController(int(speculation.num_draft_tokens), profile, generator.target, lm)
+    return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)
 
 
 def stored_acceptance(profile: dict | None) -> dict:

@@ -296,16 +296,20 @@ class NgramIndex:
 class HybridDrafter:
     """n-gram proposals where the context offers a match, the draft model otherwise, chosen per round.
 
-    The choice compares the speedups the cost model predicts for the two proposals from the target's pass
-    costs and the draft step (``pass_costs``, ``draft_cost``, when a profile exists) and the acceptance each
-    source has had: per n-gram order for lookups (a longer matching tail is better evidence), and one for
-    the model. A lookup costs nothing to make, a model draft gamma draft steps. Without costs, a match of
-    order >= 2 wins. The model's cache catches up with the committed text in one pass when it drafts again.
-    Which source drafts depends only on the committed tokens, so the output distribution is unchanged.
+    The choice compares the speedups the cost model predicts for the two proposals, and for none at all, from
+    the target's pass costs and the draft step (``pass_costs``, ``draft_cost``: timed in the request once it
+    has run passes of two sizes, else a stored profile's) and the acceptance each source has had: per n-gram
+    order for lookups (a longer matching tail is better evidence), and one for the model. A lookup costs
+    nothing to make, a model draft gamma draft steps. When neither is predicted to pay the round drafts
+    nothing, except that the model drafts once every PROBE_EVERY such rounds without a match (its acceptance
+    is learned only from its own rounds). Without costs, a match of order >= 2 wins, else the model drafts.
+    The model's cache catches up with the committed text in one pass when it drafts again. Which source
+    drafts depends only on the committed tokens and past outcomes, so the output distribution is unchanged.
     """
 
     name = "hybrid"
     DECAY = 0.1
+    PROBE_EVERY = 16
 
     def __init__(self, model: ModelDrafter, lookup: PromptLookupDrafter | None = None):
         self.model, self.ngram = model, lookup or PromptLookupDrafter()
@@ -314,7 +318,8 @@ class HybridDrafter:
         self.alpha_by_order = {1: 0.4, 2: 0.6, 3: 0.7}  # first-guess priors, learned per order
         self.alpha_model = 0.7
         self._source = None  # "model" or the n-gram order of the last proposal
-        self.lookup_rounds = self.model_rounds = 0
+        self.lookup_rounds = self.model_rounds = self.idle_rounds = 0
+        self._idle = 0  # rounds in a row without a match in which the model was not predicted to pay
 
     @property
     def source(self):
@@ -347,11 +352,21 @@ class HybridDrafter:
         if gamma < 1:
             return Draft.empty()
         tokens, order = self.ngram.match(committed, self.ngram.length(gamma, limit))
-        if tokens and self._lookup_wins(order, len(tokens), gamma):
-            self._source = order
+        choice = self._choose(order, len(tokens), gamma)
+        if choice == "lookup":
+            self._source, self._idle = order, 0
             self.lookup_rounds += 1
             return self.ngram.draft(committed, tokens, gamma, sampling, side=True)
-        self._source = "model"
+        if choice is None and not tokens:
+            self._idle += 1
+            if self._idle >= self.PROBE_EVERY:
+                choice = "model"  # re-measure the model's acceptance now and then
+        if choice is None:
+            self._source = None
+            self.idle_rounds += 1
+            self.ngram.remember(committed, [], gamma)
+            return Draft.empty()
+        self._source, self._idle = "model", 0
         self.model_rounds += 1
         draft = self.model.propose(committed, gamma, pipeline, sampling, rng)
         self.ngram.remember(committed, draft.tokens, gamma)  # model rounds are read back the same way
@@ -369,12 +384,15 @@ class HybridDrafter:
                 a = self.alpha_by_order[self._source]
                 self.alpha_by_order[self._source] = a + self.DECAY * (hit - a)
 
-    def _lookup_wins(self, order: int, n: int, gamma: int) -> bool:
+    def _choose(self, order: int, n: int, gamma: int) -> str | None:
+        """"lookup" (the n tokens matched at this n-gram order; n = 0: no match), "model" (gamma draft steps),
+        or None (no draft: neither is predicted to pay)."""
         costs, step = self.pass_costs, self.draft_cost
         if not costs or step is None:
-            return order >= 2
+            return "lookup" if n and order >= 2 else "model"
         from .costmodel import predicted_speedup
-        a = self.alpha_by_order[order]
-        lookup = predicted_speedup([a] * n, n, 0.0, costs)
+        lookup = predicted_speedup([self.alpha_by_order[order]] * n, n, 0.0, costs) if n else 0.0
         model = predicted_speedup([self.alpha_model] * gamma, gamma, step, costs)
-        return lookup >= model
+        if max(lookup, model) <= 1.0:
+            return None
+        return "lookup" if lookup >= model else "model"

@@ -377,6 +377,7 @@ class SpeculativeGenerator:
             #    that round's times say nothing about a step's cost).
             catching_up = bool(gamma) and hasattr(self.drafter, "unread") and \
                 self.drafter.unread(committed) > self.LAZY_PREFILL
+            self._live_costs(controller)
             draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats)
             free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
             if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess
@@ -421,12 +422,27 @@ class SpeculativeGenerator:
         sizes its proposals with them (long copies, the hybrid's choice)."""
         if not hasattr(self.drafter, "pass_costs"):
             return
+        profile = self.stored_profile()
+        self.drafter.pass_costs = planning_costs(profile, bitwise) or None
+        if hasattr(self.drafter, "draft_cost"):
+            self.drafter.draft_cost = (profile or {}).get("draft_cost")
+
+    def _live_costs(self, controller) -> None:
+        """Hand the pass costs and draft step the controller has timed in this request to a drafter that sizes
+        its proposals with them (they follow the machine as it is now, where a profile may be stale or absent)."""
+        costs = controller.live_costs() if hasattr(controller, "live_costs") else None
+        if costs is None or not hasattr(self.drafter, "pass_costs"):
+            return
+        self.drafter.pass_costs = costs
+        if hasattr(self.drafter, "draft_cost") and controller.draft_cost is not None:
+            self.drafter.draft_cost = controller.draft_cost
+
+    def stored_profile(self) -> dict | None:
+        """The calibrated step costs stored for this machine, if any (never measures; see ``profile``)."""
         if self._profile is None and not self._profile_read:
             from .calibrate import load_profile
             self._profile, self._profile_read = load_profile(self.bundle.root, self.target.provider), True
-        self.drafter.pass_costs = planning_costs(self._profile, bitwise) or None
-        if hasattr(self.drafter, "draft_cost"):
-            self.drafter.draft_cost = (self._profile or {}).get("draft_cost")
+        return self._profile
 
     LAZY_PREFILL = 256  # unfed prompt tokens from which the first round runs without drafts
 
@@ -440,6 +456,8 @@ class SpeculativeGenerator:
         measured enough of it), and store the pass costs it timed when they are well below the profile's (the
         profile was measured on a busy machine, or the machine got faster): a re-calibration for free. Timings
         above the profile's are not stored: they may say only that the machine is busy now."""
+        if not getattr(controller, "plans", False):
+            return  # a fixed gamma's timings and acceptance are not kept
         if getattr(controller, "rounds", 0):
             seen = {"alphas": [round(a, 3) for a in controller.alphas], "measured": list(controller.measured)}
             self.acceptance_prior[mode] = seen

@@ -9,6 +9,8 @@ import pytest
 
 from ortspec import SpeculativeGenerator
 from ortspec.drafters import HybridDrafter, PromptLookupDrafter
+from ortspec.config import SamplingConfig
+from ortspec.logits import LogitsPipeline
 
 TEXT = [1] + list(range(20, 60)) + [7, 8] + list(range(20, 40))  # a copy of 20..59 is under way at the end
 
@@ -98,19 +100,50 @@ def small(small_bundle):
 
 def test_hybrid_choice_without_costs_takes_matches_of_two_tokens_or_more(small):
     h = HybridDrafter(small.drafter)
-    assert h._lookup_wins(2, 4, 4) and h._lookup_wins(3, 1, 4) and not h._lookup_wins(1, 4, 4)
+    assert h._choose(2, 4, 4) == h._choose(3, 1, 4) == "lookup"
+    assert h._choose(1, 4, 4) == h._choose(0, 0, 4) == "model"
 
 
 def test_hybrid_choice_with_costs_weighs_the_model_draft(small):
     h = HybridDrafter(small.drafter)
     h.pass_costs, h.draft_cost = [1.0, 1.05, 1.1, 1.15, 1.2], 0.05
     h.alpha_model, h.alpha_by_order[1] = 0.9, 0.2
-    assert not h._lookup_wins(1, 4, 4)          # a weak unigram lookup loses to a good cheap draft
+    assert h._choose(1, 4, 4) == "model"        # a weak unigram lookup loses to a good cheap draft
     h.alpha_by_order[1] = 0.95
-    assert h._lookup_wins(1, 4, 4)
+    assert h._choose(1, 4, 4) == "lookup"
     h.draft_cost = 2.0                           # an expensive draft: even a poor lookup is worth its free pass
     h.alpha_by_order[1] = 0.3
-    assert h._lookup_wins(1, 4, 4)
+    assert h._choose(1, 4, 4) == "lookup"
+
+
+def test_hybrid_drafts_nothing_where_neither_source_pays(small):
+    """Passes that cost per token (a quantized target on a CPU) and a costly draft: a poor lookup and the model
+    both predict a loss, so the round drafts nothing; a good lookup still drafts; and after PROBE_EVERY
+    rounds without a match the model drafts once to re-measure its acceptance."""
+    h = HybridDrafter(small.drafter)
+    h.pass_costs, h.draft_cost = [1.0, 1.0, 1.8, 2.6, 3.4], 0.4
+    h.alpha_model, h.alpha_by_order[1], h.alpha_by_order[3] = 0.5, 0.3, 0.95
+    assert h._choose(1, 4, 4) is None and h._choose(0, 0, 4) is None
+    assert h._choose(3, 1, 4) == "lookup"       # one token verified in the pass bitwise decoding runs anyway
+    sampling = SamplingConfig()
+    pipe = LogitsPipeline(sampling, small.vocab_size)
+    rng = np.random.default_rng(0)
+    committed = [1, 2, 3, 4, 5, 6, 7, 8]         # no repeat: no n-gram matches
+    drafts = [h.propose(committed, 4, pipe, False, rng) for _ in range(HybridDrafter.PROBE_EVERY)]
+    assert [len(d.tokens) for d in drafts[:-1]] == [0] * (HybridDrafter.PROBE_EVERY - 1)
+    assert len(drafts[-1].tokens) == 4 and h.model_rounds == 1 and h.idle_rounds == HybridDrafter.PROBE_EVERY - 1
+
+
+def test_hybrid_reads_the_costs_timed_in_the_request(small_bundle, tmp_path):
+    """With no stored profile, the hybrid's choice uses the pass costs and draft step its request timed."""
+    import shutil
+    b = tmp_path / "b"
+    shutil.copytree(small_bundle, b)
+    gen = SpeculativeGenerator.load(b, drafter="hybrid")
+    assert gen.stored_profile() is None
+    gen.generate(input_ids=[1, 5, 9, 5], max_new_tokens=60, eos_token_id=[], do_sample=False, num_draft_tokens=3)
+    assert gen.drafter.pass_costs and gen.drafter.draft_cost is not None and gen.drafter.draft_cost > 0
+    assert gen.stored_profile() is None          # a fixed gamma measures nothing on disk
 
 
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "hybrid"])

@@ -140,6 +140,23 @@ class AutoController:
         ratios = [r for k, r in self._ratios().items() if self.timed_count.get(k, 0) >= 3]
         return max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
 
+    def shape_drift(self) -> tuple[float, int] | None:
+        """How far the shape of the costs timed online (each size's cost over the smallest timed size from 2 up)
+        is from the profile's: the largest ratio of those ratios, as a factor >= 1, and that reference size;
+        over sizes timed at least 3 times, None with fewer than two. Load slows every size alike, so a shape
+        that moved says the profile was wrong, not that the machine is busy now."""
+        sizes = sorted(k for k in self.timed_at if k >= 2 and self.timed_count.get(k, 0) >= 3
+                       and k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0)
+        if len(sizes) < 2:
+            return None
+        ref = sizes[0]
+        worst = 1.0
+        for k in sizes[1:]:
+            r = (self.target_costs[k - 1] / self.target_costs[ref - 1]) / (self.profile_costs[k - 1] /
+                                                                          self.profile_costs[ref - 1])
+            worst = max(worst, r, 1 / r)
+        return worst, ref
+
     def _ratios(self) -> dict[int, float]:
         return {k: self.target_costs[k - 1] / self.profile_costs[k - 1] for k in self.timed_at
                 if k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0}

@@ -466,18 +466,26 @@ class SpeculativeGenerator:
                 old = stored.get(mode, {}).get("alphas", [])
                 if len(old) != len(seen["alphas"]) or max(abs(a - b) for a, b in zip(old, seen["alphas"])) > self.MOVED:
                     self._store_profile(dict(self._profile, acceptance={**stored, mode: seen}))
-        drift = getattr(controller, "worst_drift", lambda: None)()
-        if drift is None or drift >= 1 / self.DRIFT or self._profile is None:
+        if self._profile is None or len(controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
+            return  # nothing to correct, or too little evidence
+        drift = controller.worst_drift()
+        faster = drift is not None and drift < 1 / self.DRIFT
+        shape = controller.shape_drift()
+        if not faster and (shape is None or shape[0] <= self.DRIFT):
             return
-        if len(controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
-            return  # too little evidence
         learned = controller.learned_profile()
-        stored = dict(self._profile, relearned_from_drift=round(drift, 3))
+        costs = learned["target_costs"]
         old = list(self._profile.get("target_costs") or [])
+        if faster:
+            stored = dict(self._profile, relearned_from_drift=round(drift, 3))
+        else:  # only the shape is wrong: the timed shape at the profile's level (slower timings may be load)
+            ref = shape[1]
+            costs = [c * old[ref - 1] / costs[ref - 1] for c in costs] if ref <= len(old) else costs
+            stored = dict(self._profile, reshaped_by=round(shape[0], 3))
         # C_t(1) stays as measured (bitwise decoding times two-position passes in its place), and only a model
-        # drafter's timings say anything about the draft's step
-        stored["target_costs"] = old[:1] + learned["target_costs"][1:]
-        if controller.draft_lm is not None and learned["draft_cost"] is not None:
+        # drafter's timings say anything about the draft's step (only when faster: a slower one may be load)
+        stored["target_costs"] = old[:1] + costs[1:]
+        if faster and controller.draft_lm is not None and learned["draft_cost"] is not None:
             stored["draft_cost"] = learned["draft_cost"]
         self._store_profile(stored)
 

@@ -363,3 +363,42 @@ def test_a_flat_profile_is_relearned_from_the_timed_sizes():
     learned = ctl.learned_profile()["target_costs"]
     expected = [1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4, 2.6]
     assert all(abs(a - b) < 1e-9 for a, b in zip(learned, expected)), learned
+
+
+def _learn_into(ctl, profile: dict) -> dict | None:
+    """What the generator stores after a request with this controller (None: nothing)."""
+    from types import SimpleNamespace
+    from ortspec import SpeculativeGenerator
+    saved = []
+    gen = SimpleNamespace(_profile=profile, acceptance_prior={}, DRIFT=SpeculativeGenerator.DRIFT,
+                          MOVED=SpeculativeGenerator.MOVED, _store_profile=saved.append)
+    SpeculativeGenerator._learn(gen, ctl, "greedy")
+    costs = [p for p in saved if "reshaped_by" in p or "relearned_from_drift" in p]
+    return costs[-1] if costs else None
+
+
+@pytest.mark.parametrize("load", [1.0, 1.3])
+def test_a_profile_of_the_wrong_shape_is_stored_again_at_its_own_level(load):
+    """A flat profile (every pass size at one cost, seen on an INT4 target whose passes cost per row) on a
+    machine that is as fast, or 30% slower now: the timings' shape replaces the profile's, at the profile's
+    level (slower timings alone are never stored: they may be load). A profile of the right shape on the
+    slower machine is left alone (the negative control)."""
+    true = [1.0 + 0.25 * k for k in range(9)]  # C_t(k) = 1 + 0.25 (k - 1)
+    flat = [1.0] + [1.25] * 8
+    for profile, reshaped in ((flat, True), (true, False)):
+        target, draft = FakeLM(), FakeLM()
+        ctl = AutoController(8, {"target_costs": list(profile), "draft_cost": 0.05, "alphas": [0.9] * 8},
+                             target, draft)
+        _simulate(ctl, target, draft, [c * load for c in true], 0.05 * load, 0.9, 400)
+        stored = _learn_into(ctl, {"target_costs": list(profile), "draft_cost": 0.05})
+        if not reshaped:
+            assert stored is None
+            continue
+        assert stored is not None and stored["reshaped_by"] > 1.25
+        costs = stored["target_costs"]
+        assert costs[0] == profile[0] and stored["draft_cost"] == 0.05  # neither is learned from these rounds
+        ref = ctl.shape_drift()[1] - 1  # the smallest size timed from 2 up keeps the profile's level
+        assert abs(costs[ref] - profile[ref]) < 1e-9
+        timed = [k for k in ctl.timed_at if k >= 2]
+        for k in timed:  # and every timed size has the true shape
+            assert abs(costs[k - 1] / costs[ref] - true[k - 1] / true[ref]) < 0.05, (k, costs)

@@ -141,21 +141,22 @@ class AutoController:
         return max(ratios, key=lambda r: max(r, 1 / r)) if ratios else None
 
     def shape_drift(self) -> tuple[float, int] | None:
-        """How far the shape of the costs timed online (each size's cost over the smallest timed size from 2 up)
-        is from the profile's: the largest ratio of those ratios, as a factor >= 1, and that reference size;
-        over sizes timed at least 3 times, None with fewer than two. Load slows every size alike, so a shape
-        that moved says the profile was wrong, not that the machine is busy now."""
-        sizes = sorted(k for k in self.timed_at if k >= 2 and self.timed_count.get(k, 0) >= 3
-                       and k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0)
-        if len(sizes) < 2:
+        """How far the shape of the costs timed online is from the profile's: each timed size's cost over that
+        of a reference size (the size from 2 up timed most, at least 3 times), divided by the same ratio in the
+        profile; the median of those, as a factor >= 1, and the reference size. None with fewer than two other
+        sizes timed. Load slows every size alike, so a shape that moved says the profile was wrong, not that
+        the machine is busy now."""
+        sizes = [k for k in self.timed_at if k >= 2 and k <= len(self.profile_costs) and self.profile_costs[k - 1] > 0]
+        if not sizes:
             return None
-        ref = sizes[0]
-        worst = 1.0
-        for k in sizes[1:]:
-            r = (self.target_costs[k - 1] / self.target_costs[ref - 1]) / (self.profile_costs[k - 1] /
-                                                                          self.profile_costs[ref - 1])
-            worst = max(worst, r, 1 / r)
-        return worst, ref
+        ref = max(sizes, key=lambda k: (self.timed_count.get(k, 0), -k))
+        others = [k for k in sizes if k != ref]
+        if self.timed_count.get(ref, 0) < 3 or len(others) < 2:
+            return None
+        ratios = sorted((self.target_costs[k - 1] / self.target_costs[ref - 1]) /
+                        (self.profile_costs[k - 1] / self.profile_costs[ref - 1]) for k in others)
+        mid = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] * ratios[len(ratios) // 2]) ** 0.5
+        return max(mid, 1 / mid), ref
 
     def _ratios(self) -> dict[int, float]:
         return {k: self.target_costs[k - 1] / self.profile_costs[k - 1] for k in self.timed_at

@@ -397,7 +397,7 @@ def test_a_profile_of_the_wrong_shape_is_stored_again_at_its_own_level(load):
         assert stored is not None and stored["reshaped_by"] > 1.25
         costs = stored["target_costs"]
         assert costs[0] == profile[0] and stored["draft_cost"] == 0.05  # neither is learned from these rounds
-        ref = ctl.shape_drift()[1] - 1  # the smallest size timed from 2 up keeps the profile's level
+        ref = ctl.shape_drift()[1] - 1  # the size timed most (from 2 up) keeps the profile's level
         assert abs(costs[ref] - profile[ref]) < 1e-9
         timed = [k for k in ctl.timed_at if k >= 2]
         for k in timed:  # and every timed size has the true shape

@@ -352,15 +352,15 @@ class HybridDrafter:
         if gamma < 1:
             return Draft.empty()
         tokens, order = self.ngram.match(committed, self.ngram.length(gamma, limit))
-        choice = self._choose(order, len(tokens), gamma)
+        choice, n = self._choose(order, len(tokens), gamma)
         if choice == "lookup":
             self._source, self._idle = order, 0
             self.lookup_rounds += 1
-            return self.ngram.draft(committed, tokens, gamma, sampling, side=True)
+            return self.ngram.draft(committed, tokens[:n], gamma, sampling, side=True)
         if choice is None and not tokens:
             self._idle += 1
             if self._idle >= self.PROBE_EVERY:
-                choice = "model"  # re-measure the model's acceptance now and then
+                choice, n = "model", gamma  # re-measure the model's acceptance now and then
         if choice is None:
             self._source = None
             self.idle_rounds += 1
@@ -368,8 +368,8 @@ class HybridDrafter:
             return Draft.empty()
         self._source, self._idle = "model", 0
         self.model_rounds += 1
-        draft = self.model.propose(committed, gamma, pipeline, sampling, rng)
-        self.ngram.remember(committed, draft.tokens, gamma)  # model rounds are read back the same way
+        draft = self.model.propose(committed, n, pipeline, sampling, rng)
+        self.ngram.remember(committed, draft.tokens, n)  # model rounds are read back the same way
         return draft
 
     def _learn(self, outcome) -> None:
@@ -384,15 +384,20 @@ class HybridDrafter:
                 a = self.alpha_by_order[self._source]
                 self.alpha_by_order[self._source] = a + self.DECAY * (hit - a)
 
-    def _choose(self, order: int, n: int, gamma: int) -> str | None:
-        """"lookup" (the n tokens matched at this n-gram order; n = 0: no match), "model" (gamma draft steps),
-        or None (no draft: neither is predicted to pay)."""
+    def _choose(self, order: int, n: int, gamma: int) -> tuple[str | None, int]:
+        """("lookup", tokens to propose of the n matched at this n-gram order; n = 0: no match), ("model", draft
+        steps), or (None, 0): no draft, neither is predicted to pay. With costs, each source proposes the length
+        the cost model predicts best up to what it has (where a pass costs per token, fewer than gamma); a long
+        copy (n > gamma) keeps the length its run was given."""
         costs, step = self.pass_costs, self.draft_cost
         if not costs or step is None:
-            return "lookup" if n and order >= 2 else "model"
-        from .costmodel import predicted_speedup
-        lookup = predicted_speedup([self.alpha_by_order[order]] * n, n, 0.0, costs) if n else 0.0
-        model = predicted_speedup([self.alpha_model] * gamma, gamma, step, costs)
-        if max(lookup, model) <= 1.0:
-            return None
-        return "lookup" if lookup >= model else "model"
+            return ("lookup", n) if n and order >= 2 else ("model", gamma)
+        from .costmodel import best_gamma, predicted_speedup
+        if n > gamma:
+            lookup_n, lookup = n, predicted_speedup([self.ngram.copy_alpha] * n, n, 0.0, costs)
+        else:
+            lookup_n, lookup = best_gamma([self.alpha_by_order[order]] * n, 0.0, costs, n) if n else (0, 0.0)
+        model_n, model = best_gamma([self.alpha_model] * gamma, step, costs, gamma)
+        if not lookup_n and not model_n:
+            return None, 0
+        return ("lookup", lookup_n) if lookup_n and lookup >= model else ("model", model_n)

@@ -100,20 +100,20 @@ def small(small_bundle):
 
 def test_hybrid_choice_without_costs_takes_matches_of_two_tokens_or_more(small):
     h = HybridDrafter(small.drafter)
-    assert h._choose(2, 4, 4) == h._choose(3, 1, 4) == "lookup"
-    assert h._choose(1, 4, 4) == h._choose(0, 0, 4) == "model"
+    assert h._choose(2, 4, 4) == ("lookup", 4) and h._choose(3, 1, 4) == ("lookup", 1)
+    assert h._choose(1, 4, 4) == h._choose(0, 0, 4) == ("model", 4)
 
 
 def test_hybrid_choice_with_costs_weighs_the_model_draft(small):
     h = HybridDrafter(small.drafter)
     h.pass_costs, h.draft_cost = [1.0, 1.05, 1.1, 1.15, 1.2], 0.05
     h.alpha_model, h.alpha_by_order[1] = 0.9, 0.2
-    assert h._choose(1, 4, 4) == "model"        # a weak unigram lookup loses to a good cheap draft
+    assert h._choose(1, 4, 4) == ("model", 4)   # a weak unigram lookup loses to a good cheap draft
     h.alpha_by_order[1] = 0.95
-    assert h._choose(1, 4, 4) == "lookup"
+    assert h._choose(1, 4, 4) == ("lookup", 4)
     h.draft_cost = 2.0                           # an expensive draft: even a poor lookup is worth its free pass
     h.alpha_by_order[1] = 0.3
-    assert h._choose(1, 4, 4) == "lookup"
+    assert h._choose(1, 4, 4)[0] == "lookup"
 
 
 def test_hybrid_drafts_nothing_where_neither_source_pays(small):
@@ -121,10 +121,14 @@ def test_hybrid_drafts_nothing_where_neither_source_pays(small):
     both predict a loss, so the round drafts nothing; a good lookup still drafts; and after PROBE_EVERY
     rounds without a match the model drafts once to re-measure its acceptance."""
     h = HybridDrafter(small.drafter)
-    h.pass_costs, h.draft_cost = [1.0, 1.0, 1.8, 2.6, 3.4], 0.4
+    h.pass_costs, h.draft_cost = [1.0, 1.0, 1.8, 2.6, 3.4], 0.6
     h.alpha_model, h.alpha_by_order[1], h.alpha_by_order[3] = 0.5, 0.3, 0.95
-    assert h._choose(1, 4, 4) is None and h._choose(0, 0, 4) is None
-    assert h._choose(3, 1, 4) == "lookup"       # one token verified in the pass bitwise decoding runs anyway
+    assert h._choose(0, 0, 4) == (None, 0)
+    assert h._choose(1, 4, 4) == ("lookup", 1)  # its first token rides free in the pass of two bitwise runs anyway
+    h.pass_costs = [1.0, 1.8, 2.6, 3.4, 4.2]    # one-position passes (not bitwise): nothing is free
+    assert h._choose(1, 4, 4) == (None, 0)
+    assert h._choose(3, 4, 4)[0] == "lookup"    # a trusted match still pays
+    h.pass_costs = [1.0, 1.0, 1.8, 2.6, 3.4]
     sampling = SamplingConfig()
     pipe = LogitsPipeline(sampling, small.vocab_size)
     rng = np.random.default_rng(0)

@@ -23,6 +23,8 @@ store the new ones (a re-calibration that costs nothing).
 """
 from __future__ import annotations
 
+from statistics import median
+
 from .config import SpeculationConfig
 from .costmodel import best_gamma, predicted_speedup
 
@@ -153,9 +155,8 @@ class AutoController:
         others = [k for k in sizes if k != ref]
         if self.timed_count.get(ref, 0) < 3 or len(others) < 2:
             return None
-        ratios = sorted((self.target_costs[k - 1] / self.target_costs[ref - 1]) /
-                        (self.profile_costs[k - 1] / self.profile_costs[ref - 1]) for k in others)
-        mid = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] * ratios[len(ratios) // 2]) ** 0.5
+        mid = median((self.target_costs[k - 1] / self.target_costs[ref - 1]) /
+                     (self.profile_costs[k - 1] / self.profile_costs[ref - 1]) for k in others)
         return max(mid, 1 / mid), ref
 
     def _ratios(self) -> dict[int, float]:

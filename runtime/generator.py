@@ -455,7 +455,9 @@ class SpeculativeGenerator:
         """Keep an auto controller's acceptance for the next request (and in the stored profile, once a request
         measured enough of it), and store the pass costs it timed when they are well below the profile's (the
         profile was measured on a busy machine, or the machine got faster): a re-calibration for free. Timings
-        above the profile's are not stored: they may say only that the machine is busy now."""
+        above the profile's are not stored (they may say only that the machine is busy now), except for their
+        shape: when the sizes' costs relative to each other contradict the profile's, the timed shape is stored
+        at the profile's level."""
         if not getattr(controller, "plans", False):
             return  # a fixed gamma's timings and acceptance are not kept
         if getattr(controller, "rounds", 0):

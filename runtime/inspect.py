@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .config import resolve_sampling
 from .bundle import check_compatible, load_bundle, sha256_file
+from .config import resolve_sampling
 from .errors import BundleError, IncompatibleModelsError
 
 

@@ -29,7 +29,7 @@ def profile_key(provider: str) -> str:
 def _timed(lm, context: list[int], k: int, reps: int) -> float:
     """Fastest of ``reps`` runs: on a shared machine noise only ever adds time."""
     samples = []
-    feed = [int(t) for t in np.random.default_rng(k).integers(3, 100, k)]
+    feed = _ids(lm, k, k)
     for _ in range(reps):
         lm.rollback(len(context))
         t0 = time.perf_counter()
@@ -38,9 +38,15 @@ def _timed(lm, context: list[int], k: int, reps: int) -> float:
     return min(samples)
 
 
+def _ids(lm, n: int, seed: int) -> list[int]:
+    """``n`` ordinary token ids (3..99, fewer on a smaller vocabulary) to time passes with."""
+    high = min(100, int(lm.spec.vocab_size))
+    return [int(t) for t in np.random.default_rng(seed).integers(min(3, high - 1), high, n)]
+
+
 def _round(target, draft, context: list[int], k: int) -> tuple[float, float]:
     """One decoding round: k - 1 draft steps, then a target pass over k tokens; (mean draft step, target pass)."""
-    feed = [int(t) for t in np.random.default_rng(k).integers(3, 100, k)]
+    feed = _ids(target, k, k)
     target.rollback(len(context))
     draft.rollback(len(context))
     t0 = time.perf_counter()
@@ -53,7 +59,7 @@ def _round(target, draft, context: list[int], k: int) -> tuple[float, float]:
 
 def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 5) -> dict:
     """Step costs (seconds) at a fixed context length, after a warm-up of every model."""
-    ctx = [int(t) for t in np.random.default_rng(0).integers(3, 100, context)]
+    ctx = _ids(target, context, 0)
     saved = target.bitwise
     target.bitwise = False  # raw cost of each pass size; bitwise decoding reads C_t(2) for one-token steps
     for lm in filter(None, (target, draft)):

@@ -310,6 +310,8 @@ class HybridDrafter:
     name = "hybrid"
     DECAY = 0.1
     PROBE_EVERY = 16
+    PAUSED_LOOKUP = 4       # tokens a lookup may propose in a round without model drafts (gamma 0)
+    drafts_when_paused = True  # asked with gamma 0 too (auto pausing the model): lookups may still pay
 
     def __init__(self, model: ModelDrafter, lookup: PromptLookupDrafter | None = None):
         self.model, self.ngram = model, lookup or PromptLookupDrafter()
@@ -349,8 +351,17 @@ class HybridDrafter:
         if self._source == "model":
             self.ngram.end_run()  # a copy runs only through lookups
         limit = gamma if limit is None else limit
-        if gamma < 1:
-            return Draft.empty()
+        if gamma < 1:  # no model draft this round: a lookup only, where one is predicted to pay
+            want = min(self.PAUSED_LOOKUP, limit)
+            tokens, order = self.ngram.match(committed, self.ngram.length(want, limit)) if want > 0 else ([], 0)
+            choice, n = self._choose(order, len(tokens), want, model=False)
+            if choice != "lookup":
+                self._source = None
+                self.ngram.remember(committed, [], 0)
+                return Draft.empty()
+            self._source = order
+            self.lookup_rounds += 1
+            return self.ngram.draft(committed, tokens[:n], want, sampling, side=True)
         tokens, order = self.ngram.match(committed, self.ngram.length(gamma, limit))
         choice, n = self._choose(order, len(tokens), gamma)
         if choice == "lookup":
@@ -384,20 +395,22 @@ class HybridDrafter:
                 a = self.alpha_by_order[self._source]
                 self.alpha_by_order[self._source] = a + self.DECAY * (hit - a)
 
-    def _choose(self, order: int, n: int, gamma: int) -> tuple[str | None, int]:
+    def _choose(self, order: int, n: int, gamma: int, model: bool = True) -> tuple[str | None, int]:
         """("lookup", tokens to propose of the n matched at this n-gram order; n = 0: no match), ("model", draft
-        steps), or (None, 0): no draft, neither is predicted to pay. With costs, each source proposes the length
-        the cost model predicts best up to what it has (where a pass costs per token, fewer than gamma); a long
-        copy (n > gamma) keeps the length its run was given."""
+        steps), or (None, 0): no draft, neither is predicted to pay (``model=False``: the model is not an
+        option). With costs, each source proposes the length the cost model predicts best up to what it has
+        (where a pass costs per token, fewer than gamma); a long copy (n > gamma) keeps its run's length."""
         costs, step = self.pass_costs, self.draft_cost
         if not costs or step is None:
-            return ("lookup", n) if n and order >= 2 else ("model", gamma)
+            if n and order >= 2:
+                return "lookup", n
+            return ("model", gamma) if model else (None, 0)
         from .costmodel import best_gamma, predicted_speedup
         if n > gamma:
             lookup_n, lookup = n, predicted_speedup([self.ngram.copy_alpha] * n, n, 0.0, costs)
         else:
             lookup_n, lookup = best_gamma([self.alpha_by_order[order]] * n, 0.0, costs, n) if n else (0, 0.0)
-        model_n, model = best_gamma([self.alpha_model] * gamma, step, costs, gamma)
+        model_n, model = best_gamma([self.alpha_model] * gamma, step, costs, gamma) if model else (0, 0.0)
         if not lookup_n and not model_n:
             return None, 0
         return ("lookup", lookup_n) if lookup_n and lookup >= model else ("model", model_n)

@@ -372,13 +372,14 @@ class SpeculativeGenerator:
             #    propose beyond gamma).
             limit = min(PromptLookupDrafter.LONG_MAX, remaining - 1, target.capacity - len(committed))
             gamma = 0 if lazy else min(controller.choose(), limit)
+            paused = not lazy and gamma == 0 and getattr(controller, "plans", False)
             lazy = False
             # 2. Draft gamma tokens with their sampling distributions q (a draft far behind reads the prompt now:
             #    that round's times say nothing about a step's cost).
             catching_up = bool(gamma) and hasattr(self.drafter, "unread") and \
                 self.drafter.unread(committed) > self.LAZY_PREFILL
             self._live_costs(controller)
-            draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats)
+            draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats, paused)
             free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
             if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess
                 guess = self._guess.lookup(committed, 1)
@@ -496,8 +497,10 @@ class SpeculativeGenerator:
         self._profile = profile
         save_profile(self.bundle.root, self.target.provider, profile)
 
-    def _draft(self, committed, gamma, limit, pipe, sampling, rng, stats) -> Draft:
-        if gamma < 1:
+    def _draft(self, committed, gamma, limit, pipe, sampling, rng, stats, paused: bool = False) -> Draft:
+        """The round's draft; with ``gamma`` 0 none, unless auto ``paused`` model drafting and the drafter may
+        still propose lookups then."""
+        if gamma < 1 and not (paused and getattr(self.drafter, "drafts_when_paused", False) and limit > 0):
             return Draft.empty()
         try:
             draft = self.drafter.propose(committed, gamma, pipe, sampling, rng, limit=limit)

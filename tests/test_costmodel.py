@@ -1,4 +1,6 @@
 """Cost model (pure functions) and the "auto" draft-length controller."""
+from types import SimpleNamespace
+
 import pytest
 
 from ortspec.controller import AutoController
@@ -56,6 +58,7 @@ class ClockLM:
     def __init__(self, clock: dict, name: str, base: float, per_token: float, cold: float):
         self.clock, self.name, self.base, self.per_token, self.cold = clock, name, base, per_token, cold
         self.bitwise = True
+        self.spec = SimpleNamespace(vocab_size=1000)
 
     def forward(self, ids):
         self.clock["t"] += self.base + self.per_token * len(ids) + (self.cold if self.clock["last"] != self.name else 0)
@@ -402,3 +405,12 @@ def test_a_profile_of_the_wrong_shape_is_stored_again_at_its_own_level(load):
         timed = [k for k in ctl.timed_at if k >= 2]
         for k in timed:  # and every timed size has the true shape
             assert abs(costs[k - 1] / costs[ref] - true[k - 1] / true[ref]) < 0.05, (k, costs)
+
+
+def test_calibration_feeds_ids_inside_a_small_vocabulary(small_bundle):
+    """Calibration times passes of ordinary ids; on a 16-token vocabulary they must stay below 16 (it fed
+    ids up to 99, and the first auto request on such a model failed inside onnxruntime)."""
+    from ortspec import SpeculativeGenerator, calibrate
+    gen = SpeculativeGenerator.load(small_bundle)
+    prof = calibrate.measure(gen.target, gen.drafter.lm, context=8, max_k=3, reps=1)
+    assert len(prof["target_costs"]) == 3 and prof["draft_cost"] > 0

@@ -138,6 +138,26 @@ def test_hybrid_drafts_nothing_where_neither_source_pays(small):
     assert len(drafts[-1].tokens) == 4 and h.model_rounds == 1 and h.idle_rounds == HybridDrafter.PROBE_EVERY - 1
 
 
+def test_hybrid_still_looks_up_while_auto_pauses_the_model(small_bundle, tmp_path, monkeypatch):
+    """Auto pausing model drafts (gamma 0) leaves the hybrid its lookups (the vocab-16 target loops, so they
+    match and pay); a fixed gamma of 0 drafts nothing; output equals target-only decoding either way."""
+    import shutil
+    from ortspec.controller import AutoController
+    b = tmp_path / "b"
+    shutil.copytree(small_bundle, b)  # auto calibrates once and stores the profile in the bundle
+    monkeypatch.setattr(AutoController, "choose", lambda self: 0)
+    gen = SpeculativeGenerator.load(b, drafter="hybrid")
+    target_only = gen.sibling("none")
+    ids = [1, 6, 9, 5]
+    want = target_only.generate(input_ids=ids, max_new_tokens=80, eos_token_id=[], do_sample=False).token_ids
+    got = gen.generate(input_ids=ids, max_new_tokens=80, eos_token_id=[], do_sample=False, num_draft_tokens="auto")
+    assert got.token_ids == want
+    assert gen.drafter.lookup_rounds > 0 and gen.drafter.model_rounds == 0
+    before = gen.drafter.lookup_rounds
+    fixed = gen.generate(input_ids=ids, max_new_tokens=80, eos_token_id=[], do_sample=False, num_draft_tokens=0)
+    assert fixed.token_ids == want and gen.drafter.lookup_rounds == before
+
+
 def test_hybrid_reads_the_costs_timed_in_the_request(small_bundle, tmp_path):
     """With no stored profile, the hybrid's choice uses the pass costs and draft step its request timed."""
     import shutil

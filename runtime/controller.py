@@ -107,8 +107,9 @@ class AutoController:
         return gamma
 
     def live_costs(self) -> list[float] | None:
-        """``costs()`` once at least two pass sizes have been timed online (before that, None)."""
-        return self.costs() if len(self.timed_at) >= 2 else None
+        """C_t(k) for a drafter that sizes its proposals by cost: ``costs()`` once at least two pass sizes have
+        been timed online, the profile's before that (None without a profile)."""
+        return self.costs() if len(self.timed_at) >= 2 else (list(self.profile_costs) or None)
 
     def costs(self) -> list[float]:
         """C_t(k) as decisions read it. Timed sizes as timed. A size known only from the profile is read

@@ -351,31 +351,23 @@ class HybridDrafter:
         if self._source == "model":
             self.ngram.end_run()  # a copy runs only through lookups
         limit = gamma if limit is None else limit
-        if gamma < 1:  # no model draft this round: a lookup only, where one is predicted to pay
-            want = min(self.PAUSED_LOOKUP, limit)
-            tokens, order = self.ngram.match(committed, self.ngram.length(want, limit)) if want > 0 else ([], 0)
-            choice, n = self._choose(order, len(tokens), want, model=False)
-            if choice != "lookup":
-                self._source = None
-                self.ngram.remember(committed, [], 0)
-                return Draft.empty()
-            self._source = order
-            self.lookup_rounds += 1
-            return self.ngram.draft(committed, tokens[:n], want, sampling, side=True)
-        tokens, order = self.ngram.match(committed, self.ngram.length(gamma, limit))
-        choice, n = self._choose(order, len(tokens), gamma)
+        paused = gamma < 1  # no model draft this round (auto paused it): a lookup only, where one pays
+        want = min(self.PAUSED_LOOKUP, limit) if paused else gamma
+        tokens, order = self.ngram.match(committed, self.ngram.length(want, limit)) if want > 0 else ([], 0)
+        choice, n = self._choose(order, len(tokens), want, model=not paused)
         if choice == "lookup":
             self._source, self._idle = order, 0
             self.lookup_rounds += 1
-            return self.ngram.draft(committed, tokens[:n], gamma, sampling, side=True)
-        if choice is None and not tokens:
+            return self.ngram.draft(committed, tokens[:n], want, sampling, side=True)
+        if choice is None and not tokens and not paused:
             self._idle += 1
             if self._idle >= self.PROBE_EVERY:
                 choice, n = "model", gamma  # re-measure the model's acceptance now and then
         if choice is None:
             self._source = None
-            self.idle_rounds += 1
-            self.ngram.remember(committed, [], gamma)
+            if not paused:
+                self.idle_rounds += 1
+            self.ngram.remember(committed, [], want)
             return Draft.empty()
         self._source, self._idle = "model", 0
         self.model_rounds += 1

@@ -12,7 +12,7 @@ import numpy as np
 
 from .bundle import Bundle, load_bundle
 from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
-from .controller import acceptance_mode, make_controller, planning_costs, stored_acceptance
+from .controller import acceptance_mode, make_controller, stored_acceptance
 from .drafters import (Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window,
                        common_prefix)
 from .errors import BundleError, CacheOverflowError, OrtspecError
@@ -342,7 +342,6 @@ class SpeculativeGenerator:
                                     self._scratch) if req.sampling.do_sample else pipe
         rng = np.random.default_rng(req.seed)
         controller = make_controller(req.speculation, self, acceptance_mode(req.sampling))
-        self._share_costs(req.speculation.bitwise)
         decoder = StreamDecoder(self.codec if req.text else None)
         target, sampling = self.target, req.sampling.do_sample
         committed = list(req.prompt_ids)
@@ -378,7 +377,7 @@ class SpeculativeGenerator:
             #    that round's times say nothing about a step's cost).
             catching_up = bool(gamma) and hasattr(self.drafter, "unread") and \
                 self.drafter.unread(committed) > self.LAZY_PREFILL
-            self._live_costs(controller)
+            self._hand_costs(controller)
             draft = self._draft(committed, gamma, limit, draft_pipe, sampling, rng, stats, paused)
             free = not draft.tokens and req.speculation.bitwise and remaining > 1 and target.capacity > len(committed)
             if free:  # a bitwise pass has two positions anyway: the second may as well be an n-gram guess
@@ -418,25 +417,14 @@ class SpeculativeGenerator:
                     yield Event([], tail, "text")
                 return
 
-    def _share_costs(self, bitwise: bool) -> None:
-        """Hand the calibrated pass costs (if a profile exists; none is measured for this) to a drafter that
-        sizes its proposals with them (long copies, the hybrid's choice)."""
-        if not hasattr(self.drafter, "pass_costs"):
-            return
-        profile = self.stored_profile()
-        self.drafter.pass_costs = planning_costs(profile, bitwise) or None
-        if hasattr(self.drafter, "draft_cost"):
-            self.drafter.draft_cost = (profile or {}).get("draft_cost")
-
-    def _live_costs(self, controller) -> None:
-        """Hand the pass costs and draft step the controller has timed in this request to a drafter that sizes
-        its proposals with them (they follow the machine as it is now, where a profile may be stale or absent)."""
-        costs = controller.live_costs() if hasattr(controller, "live_costs") else None
-        if costs is None or not hasattr(self.drafter, "pass_costs"):
-            return
-        self.drafter.pass_costs = costs
-        if hasattr(self.drafter, "draft_cost") and controller.draft_cost is not None:
-            self.drafter.draft_cost = controller.draft_cost
+    def _hand_costs(self, controller) -> None:
+        """Hand a drafter that sizes its proposals by cost (long copies, the hybrid's choice) the pass costs and
+        draft step of this request's controller: timed online once it has timed two pass sizes (they follow the
+        machine as it is now), the stored profile's before that (none is measured for this)."""
+        if hasattr(self.drafter, "pass_costs") and hasattr(controller, "live_costs"):
+            self.drafter.pass_costs = controller.live_costs()
+            if hasattr(self.drafter, "draft_cost"):
+                self.drafter.draft_cost = controller.draft_cost
 
     def stored_profile(self) -> dict | None:
         """The calibrated step costs stored for this machine, if any (never measures; see ``profile``)."""

@@ -382,8 +382,7 @@ class LogitsPipeline:
         before = mass_above + np.cumsum(weights[order], dtype=np.float64) - weights[order]
         kept = order[before < target]
         above = keys > cut
-        n_above = int(mass.size and np.count_nonzero(above))
-        if n_above + kept.size <= SPARSE_MAX:
+        if np.count_nonzero(above) + kept.size <= SPARSE_MAX:
             ids = np.concatenate([np.flatnonzero(above), kept])
             return self._top_p_done(ids, weights[ids])
         out = np.where(above, weights, np.float32(0))

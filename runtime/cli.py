@@ -233,12 +233,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "top-1 agreement of the next-token distributions, mean KL(reference || "
                                    "bundle), and each model's NLL of the text. E.g. a quantized export against "
                                    "the fp32 export of the same model.",
-                       epilog="example:\n  ortspec quality models/qwen-gguf --reference models/qwen-fp32\n",
+                       epilog="examples:\n  ortspec quality models/qwen-gguf --reference models/qwen-fp32\n"
+                              "  ortspec quality models/qwen-gguf --reference models/qwen-fp32 --text notes.md "
+                              "--window 512\n",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
     p.add_argument("--reference", required=True, help="the bundle to compare against (same tokenizer)")
     p.add_argument("--text", default=None, help="text file (default: the shipped tools/prompts/quality.txt)")
-    p.add_argument("--tokens", type=int, default=400, help="tokens of the text to use (default 400)")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens of the text to use (default 400; with --window, every whole window of the text)")
+    p.add_argument("--window", type=int, default=None, metavar="W",
+                   help="score as llama.cpp's llama-perplexity --kl-divergence -c W does: windows of W tokens, "
+                        "each from an empty cache, their second halves scored (the two tools' numbers on one "
+                        "text are then comparable)")
     p.add_argument("--model", default="target", choices=["target", "draft"], help="which model of BUNDLE")
     p.add_argument("--reference-model", default=None, choices=["target", "draft"],
                    help="which model of the reference (default: the same as --model); a draft against its own "
@@ -375,6 +382,7 @@ def cmd_quality(args) -> int:
         raise ValueError(f"cannot read --text {path}: {exc.strerror}") from None
     report = compare_models(args.bundle, args.reference, text, tokens=args.tokens, provider=args.provider,
                             threads=args.threads, which=args.model, reference_which=args.reference_model,
+                            window=args.window,
                             progress=lambda d, n: print(f"\r[ortspec quality] {d}/{n} positions", end="",
                                                         file=sys.stderr, flush=True))
     print(file=sys.stderr)

@@ -261,6 +261,68 @@ def test_quality_of_a_model_against_itself_and_a_noisier_copy(llama_bundle, tmp_
     assert own["mean_kl"] > 0.01 and own["top1_agreement"] < 1.0
 
 
+def test_quality_windows_score_second_halves_from_an_empty_cache(llama_bundle, tmp_path):
+    """--window W scores as llama-perplexity does: consecutive windows of W tokens, each read from an empty cache,
+    positions W // 2 .. W - 2 scored. Checked against a direct computation (one pass per window) of the INT4 draft
+    against its fp32 target, a pair that disagrees."""
+    import json
+    import subprocess
+    import sys
+    from ortspec.bundle import load_bundle
+    from ortspec.model import CausalLM
+    from ortspec.quality import compare_models
+    from ortspec.text import TextCodec
+    text = " ".join(f"w{(i * 11) % 97}" for i in range(200))
+    b = load_bundle(llama_bundle)
+    ids = TextCodec(b.tokenizer_file, b.tokenizer_config).encode(text)
+    window = 48
+    count = len(ids) // window
+    assert count >= 3 and len(ids) % window  # a remainder that must be left out
+    lms = [CausalLM(spec, str(b.file(spec.path))) for spec in (b.draft, b.target)]
+    agree, kl, nll = 0, 0.0, [0.0, 0.0]
+    for k in range(count):
+        seg = ids[k * window:(k + 1) * window]
+        rows = []
+        for lm in lms:
+            lm.reset()
+            logits = lm.forward(seg[:-1]).astype(np.float64)[window // 2:]
+            rows.append(logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+                        - logits.max(-1, keepdims=True))
+        cand, ref = rows
+        nxt = np.asarray(seg[window // 2 + 1:])
+        agree += int(np.sum(cand.argmax(-1) == ref.argmax(-1)))
+        kl += float(np.sum(np.exp(ref) * (ref - cand)))
+        for j, lp in enumerate(rows):
+            nll[j] -= float(lp[np.arange(len(nxt)), nxt].sum())
+    n = count * (window - 1 - window // 2)
+    got = compare_models(str(llama_bundle), str(llama_bundle), text, tokens=None, which="draft",
+                         reference_which="target", window=window)
+    assert (got["positions"], got["windows"], got["window"]) == (n, count, window)
+    assert abs(got["top1_agreement"] - agree / n) <= 1 / n  # a near-tie may round either way across pass sizes
+    assert got["top1_agreement"] < 1.0 and got["mean_kl"] > 0.01
+    np.testing.assert_allclose([got["mean_kl"], got["nll_candidate"], got["nll_reference"]],
+                               [kl / n, nll[0] / n, nll[1] / n], rtol=1e-3)
+    # the same text without windows scores every position with the whole text as context: other numbers
+    whole = compare_models(str(llama_bundle), str(llama_bundle), text, tokens=count * window, which="draft",
+                           reference_which="target")
+    assert whole["positions"] == count * window - 1 and whole["window"] is None
+    # tokens bounds the windows taken; bad windows are refused with what to change
+    two = compare_models(str(llama_bundle), str(llama_bundle), text, tokens=2 * window + 5, window=window)
+    assert two["windows"] == 2 and two["top1_agreement"] == 1.0 and two["mean_kl"] == 0.0
+    for bad, match in ((3, "window must be"), (True, "window must be"), (len(ids) + 1, "fewer than one window")):
+        with pytest.raises(ValueError, match=match):
+            compare_models(str(llama_bundle), str(llama_bundle), text, tokens=None, window=bad)
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "quality", str(llama_bundle), "--reference",
+                           str(llama_bundle), "--model", "draft", "--reference-model", "target", "--text", str(path),
+                           "--window", str(window), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["positions"], report["windows"]) == (n, count)
+    assert report["mean_kl"] == pytest.approx(got["mean_kl"], rel=1e-9)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q5_1", "Q5_K"])
 def test_centered_zero_points_keep_the_weights_and_halve_activation_rounding_error(qtype):
     """Per-block zero points at the codes' mean (offsets absorbing scale * zero) are the file's weights to float

@@ -82,6 +82,35 @@ def test_fast_rows_equal_the_reference(vocab, kind, settings):
         assert np.allclose(ours, ref, rtol=2e-5, atol=1e-10), np.abs(ours - ref).max()
 
 
+@pytest.mark.parametrize("settings", [dict(temperature=0.2), dict(temperature=0.1, top_p=0.9),
+                                      dict(temperature=0.15, bad_words_ids=((5,), (11,)))], ids=str)
+def test_low_temperature_rows_flush_what_underflows_and_keep_the_rest(settings):
+    """At low temperatures most of a dense row's exponents fall below -126 (float32 denormals, which NumPy's exp2
+    computes slowly): weights below 2**-100 are exactly 0, banned tokens stay 0, none is a denormal, and every
+    weight from 2**-75 up has the bits a plain exp2 of the same exponent gives."""
+    vocab = 151_936
+    cfg = SamplingConfig(do_sample=True, top_k=0, **settings)
+    pipe = LogitsPipeline(cfg, vocab)
+    row = rows_of("peaked", vocab, 1, seed=4)[0]
+    exponent = (row - row.max()) * np.float32(1.4426950408889634 / cfg.temperature)
+    assert (exponent < -126).mean() > 0.3  # the case this is about
+    dist = pipe.row(row.copy(), [])
+    ref = reference(cfg, row, [], vocab)
+    ours = dist.dense(vocab)
+    big = ref > 1e-20
+    assert np.allclose(ours[big], ref[big], rtol=2e-5)
+    assert np.all(ours[ref < 1e-38] == 0) and np.abs(ours - ref).max() < 1e-6
+    for word in cfg.bad_words_ids:
+        assert ours[word[-1]] == 0
+    if cfg.top_p == 1.0 and not cfg.bad_words_ids:
+        w = dist.weights
+        assert not np.any((w > 0) & (w < np.finfo(np.float32).tiny))  # no denormals
+        plain = np.exp2(exponent)
+        kept = plain >= np.float32(2.0 ** -75)
+        assert np.array_equal(w[kept].view(np.uint32), plain[kept].view(np.uint32))
+        assert np.all(w[exponent < -100] == 0) and np.all(np.abs(w - plain) <= 2.0 ** -99)
+
+
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
 def test_large_nucleus_cuts_ties_by_id(top_p):
     """A flat row of a few tied levels: the nucleus search's cut falls inside a tie, which keeps the lowest ids

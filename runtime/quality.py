@@ -70,9 +70,9 @@ def compare_models(candidate: str, reference: str, text: str, tokens: int | None
         if not count:
             raise ValueError(f"the text gives {len(ids)} tokens, fewer than one window of {window}: pass a longer "
                              "text, a smaller window or more tokens")
-        if window > min(lm.capacity for lm in lms):
-            raise ValueError(f"a window of {window} tokens exceeds the models' context of "
-                             f"{min(lm.capacity for lm in lms)}")
+        context = min(lm.capacity for lm in lms)
+        if window > context:
+            raise ValueError(f"a window of {window} tokens exceeds the models' context of {context}")
         segments, skip = [(k * window, (k + 1) * window) for k in range(count)], window // 2
     n = sum(b - a - 1 - skip for a, b in segments)  # scored positions (each has a next token)
     agree, kl, nll = 0, 0.0, [0.0, 0.0]

@@ -12,7 +12,7 @@ import pytest
 
 from ortspec import exactness, verify
 from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
-from ortspec.logits import Dist, LogitsPipeline, sample_weights, top_candidates
+from ortspec.logits import LOG2_E, Dist, LogitsPipeline, sample_weights, top_candidates
 from stats_util import ALPHA, chi_square_p
 
 
@@ -92,7 +92,7 @@ def test_low_temperature_rows_flush_what_underflows_and_keep_the_rest(settings):
     cfg = SamplingConfig(do_sample=True, top_k=0, **settings)
     pipe = LogitsPipeline(cfg, vocab)
     row = rows_of("peaked", vocab, 1, seed=4)[0]
-    exponent = (row - row.max()) * np.float32(1.4426950408889634 / cfg.temperature)
+    exponent = (row - row.max()) * np.float32(LOG2_E / cfg.temperature)
     assert (exponent < -126).mean() > 0.3  # the case this is about
     dist = pipe.row(row.copy(), [])
     ref = reference(cfg, row, [], vocab)

@@ -199,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "'-' (the vocabulary is --vocab then)")
     p.add_argument("--vocab", type=int, default=None, help="--micro: vocabulary width (default: the bundle's)")
     p.add_argument("--gamma", type=int, default=4, help="--micro: draft tokens per round (default 4)")
+    p.add_argument("--cold", type=int, nargs="?", const=256, default=0, metavar="MB",
+                   help="--micro: stream MB megabytes (default 256) through the CPU caches, untimed, before each draft "
+                        "row and before the verification, as the model pass before each of them does in decoding "
+                        "(it streams the model's weights: give their size): the host cost decoding pays, several "
+                        "times the warm cost")
+    p.add_argument("--rounds", type=int, default=30, help="--micro: rounds measured per setting and case (default 30)")
     p.add_argument("--out", help="write the report as JSON")
     p.add_argument("--plot", help="write speedup vs gamma and per-position acceptance as PNG (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
@@ -423,7 +429,9 @@ def cmd_bench(args) -> int:
             vocab = load_bundle(args.bundle, verify="size").target.output_vocab
         if vocab < 2 or args.gamma < 1:
             raise ValueError("--vocab must be >= 2 and --gamma >= 1")
-        rows = micro_bench(vocab=vocab, gamma=args.gamma)
+        if args.rounds < 1 or args.cold < 0:
+            raise ValueError("--rounds must be >= 1 and --cold MB >= 0")
+        rows = micro_bench(vocab=vocab, gamma=args.gamma, repeats=args.rounds, cold_mb=args.cold)
         if args.out:
             Path(args.out).write_text(json.dumps(rows, indent=2))
         print(json.dumps(rows, indent=2) if args.json else format_micro(rows))

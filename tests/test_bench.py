@@ -90,3 +90,27 @@ def test_bench_hybrid_reports_no_cost_model_ideal(pair_bundle, tmp_path):
     assert row["ideal_speedup"] is None and row["efficiency"] is None and row["speedup"] > 0
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("hybrid g=2"))
     assert line.split()[5:7] == ["-", "-"]  # name (2 words), tok/s, speedup, decode, then ideal and eff
+
+
+def test_micro_bench_reports_each_setting_warm_and_cold(tmp_path):
+    """`ortspec bench - --micro`: one row per setting x rows x case, the setting's math really run (greedy and
+    sampled), with --cold the caches evicted between the round's pieces (and said so); bad input is refused."""
+    from ortspec.bench import MICRO_SETTINGS, format_micro, micro_bench
+    settings = {k: MICRO_SETTINGS[k] for k in ("greedy", "top-p 0.9", "qwen (T0.7 p0.8 k20 rep1.05)")}
+    for cold in (0, 8):
+        rows = micro_bench(vocab=3000, gamma=2, repeats=2, settings=settings, cold_mb=cold)
+        assert [(r["setting"], r["rows"], r["case"]) for r in rows] == [
+            (s, k, c) for s in settings for k in ("peaked", "flat") for c in ("all accepted", "first rejected")]
+        assert all(r["cold_mb"] == cold and r["ms_per_round"] > 0 and r["p90_ms"] >= r["ms_per_round"] for r in rows)
+        assert ("8 MB streamed through the caches" in format_micro(rows)) is bool(cold)
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", "-", "--micro", "--vocab", "500",
+                           "--gamma", "1", "--rounds", "1", "--cold", "16", "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "16 MB streamed" in proc.stdout and len(json.loads(out.read_text())) == 4 * len(MICRO_SETTINGS)
+    bad = subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", "-", "--micro", "--vocab", "500",
+                          "--rounds", "0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--rounds must be >= 1" in bad.stderr
+    default = subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", "-", "--micro", "--vocab", "300", "--gamma",
+                              "1", "--rounds", "1", "--cold", "--json"], capture_output=True, text=True)
+    assert default.returncode == 0 and json.loads(default.stdout)[0]["cold_mb"] == 256, default.stderr

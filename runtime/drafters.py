@@ -39,11 +39,22 @@ class Drafter(Protocol):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences. Compared as Python lists, whole and then by
+    bisection (C-level slice comparisons): a request's context meets the caches' tokens several times a round,
+    and copying it into arrays each time cost ~45 us per 1,000 tokens."""
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.nonzero(np.asarray(a[:n]) != np.asarray(b[:n]))[0]
-    return int(diff[0]) if diff.size else n
+    a = a[:n] if isinstance(a, list) else [int(t) for t in a[:n]]
+    b = b[:n] if isinstance(b, list) else [int(t) for t in b[:n]]
+    if a == b:
+        return n
+    lo, hi = 0, n  # the first lo agree, the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class NoDrafter:

@@ -220,12 +220,14 @@ class LogitsPipeline:
         does, round after round) only adds its new tokens to the cached set."""
         n = len(self._seen_of)
         if len(base) < n or list(base[:n]) != self._seen_of:
-            self._seen_of, self._seen, n = [], set(), 0
+            self._seen_of, self._seen, self._seen_ids, n = [], set(), np.zeros(0, dtype=np.int64), 0
         if len(base) > n:
             fresh = [int(t) for t in base[n:]]
             self._seen_of.extend(fresh)
-            self._seen.update(t for t in fresh if 0 <= t < self.vocab_size)
-            self._seen_ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
+            added = [t for t in dict.fromkeys(fresh) if t not in self._seen and 0 <= t < self.vocab_size]
+            if added:  # appended (the whole set is not rebuilt each round)
+                self._seen.update(added)
+                self._seen_ids = np.concatenate([self._seen_ids, np.asarray(added, dtype=np.int64)])
         extra = [t for t in dict.fromkeys(int(t) for t in new) if t not in self._seen and 0 <= t < self.vocab_size]
         return np.concatenate([self._seen_ids, np.asarray(extra, dtype=np.int64)]) if extra else self._seen_ids
 

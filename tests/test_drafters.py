@@ -286,3 +286,24 @@ def test_a_self_draft_never_reads_the_prompt(llama_bundle, pair_bundle):
                            num_draft_tokens=3).token_ids == want.token_ids
     with pytest.raises(ValueError, match="draft_kv"):
         SpeculativeGenerator.load(llama_bundle, draft_kv="target")
+
+
+def test_common_prefix_finds_the_first_difference_anywhere():
+    """Against a plain scan: a difference at every position of lists, tuples and arrays of either length,
+    equal sequences, an empty one, and large ids (distinct int objects of equal value compare equal)."""
+    from ortspec.drafters import common_prefix
+    rng = np.random.default_rng(3)
+    base = [int(t) for t in rng.integers(0, 150_000, 300)]
+
+    def scan(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+    for cut in range(0, 301, 7):
+        other = [int(str(t)) for t in base]  # equal values, other objects
+        if cut < 300:
+            other[cut] += 1
+        for a, b in ((base, other), (other[:cut + 5], base), (tuple(base), np.array(other)), (base, [])):
+            assert common_prefix(a, b) == scan(list(a), list(b)), cut
+    assert common_prefix(base, list(base)) == 300

@@ -109,3 +109,22 @@ def test_scratch_arrays_are_handed_out_again_once_released():
     assert second is not first
     del first
     assert scratch.take(1000).ctypes.data == address
+
+
+def test_seen_tokens_follow_growing_changing_and_empty_contexts():
+    """The repetition penalty's token set, kept across rows of a request: exactly the distinct in-vocabulary ids
+    of base + new whether the context grows, is replaced by another, shrinks to nothing or repeats ids."""
+    pipe = LogitsPipeline(SamplingConfig(do_sample=True, repetition_penalty=1.2), 50)
+    rng = np.random.default_rng(5)
+    base: list[int] = []
+    for step in range(40):
+        if step in (15, 30):
+            base = [int(t) for t in rng.integers(0, 60, 5)]  # another request's context
+        elif step == 25:
+            base = []
+        else:
+            base = base + [int(t) for t in rng.integers(0, 60, int(rng.integers(1, 4)))]
+        new = [int(t) for t in rng.integers(0, 60, int(rng.integers(0, 4)))]
+        got = pipe._seen_tokens(base, new)
+        assert got.size == len(set(got.tolist()))  # no id twice
+        assert set(got.tolist()) == {t for t in base + new if t < 50}, step

@@ -285,19 +285,15 @@ def micro_rows(kind: str, vocab: int, n: int, seed: int) -> np.ndarray:
     return rows.astype(np.float32)
 
 
-# A model pass streams its weights through the caches (135 MB for SmolLM2's 8-bit draft, 540 MB for its fp32
-# target): the host math after it starts cold. Summing as many bytes between the pieces of a round does the same
-# (on a CPU with a large shared L3, how cold depends on how much is streamed).
-COLD_MB = 256
-
-
 def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context: int = 500,
                 settings: dict | None = None, cold_mb: int = 0) -> list[dict]:
     """Milliseconds of host math per speculative round: gamma draft rows (distribution + sample), then
     verification of gamma + 1 target rows, for peaked and flat rows; "all accepted" makes every target row
     needed (the worst case), "first rejected" the residual path. ``cold_mb``: that many MB are streamed
     through the caches (untimed) before each draft row and before the verification, as the model pass
-    before each of them does in decoding; the host math then costs several times its warm cost."""
+    before each of them does in decoding (it streams the weights: 135 MB for SmolLM2's 8-bit draft, 540 MB
+    for its fp32 target); the host math then costs several times its warm cost, the more so the more is
+    streamed on a CPU with a large shared L3."""
     from .config import SamplingConfig, draft_sampling
     from .logits import LogitsPipeline
     from .verify import greedy_verify, verify_dists
@@ -334,8 +330,9 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
                                          lambda j: pipe.row(target_rows[j], base, tokens[:j], inplace=True), rng)
                         spent += time.perf_counter() - t0
                     times.append(spent)
-                out.append({"setting": name, "rows": kind, "case": case, "vocab": vocab, "gamma": gamma, "cold_mb": int(cold_mb),
-                            "ms_per_round": 1000 * float(np.median(times)), "p90_ms": 1000 * float(np.percentile(times, 90))})
+                out.append({"setting": name, "rows": kind, "case": case, "vocab": vocab, "gamma": gamma,
+                            "cold_mb": int(cold_mb), "ms_per_round": 1000 * float(np.median(times)),
+                            "p90_ms": 1000 * float(np.percentile(times, 90))})
     return out
 
 

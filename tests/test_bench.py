@@ -114,3 +114,16 @@ def test_micro_bench_reports_each_setting_warm_and_cold(tmp_path):
     default = subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", "-", "--micro", "--vocab", "300", "--gamma",
                               "1", "--rounds", "1", "--cold", "--json"], capture_output=True, text=True)
     assert default.returncode == 0 and json.loads(default.stdout)[0]["cold_mb"] == 256, default.stderr
+
+
+def test_host_cold_tool_times_each_piece_after_a_pass_and_warm(pair_bundle):
+    """tools/host_cold.py runs the bundle's passes and prints every piece with both timings."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "host_cold.py"
+    for model in ("target", "draft"):
+        proc = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--model", model, "--repeat", "2"],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        lines = [line for line in proc.stdout.splitlines() if line.rstrip().endswith("x")]
+        assert len(lines) == 6 and all(float(line.split()[-3]) > 0 for line in lines), proc.stdout
+    bad = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--repeat", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--repeat must be >= 1" in bad.stderr

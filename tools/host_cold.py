@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ortspec import SpeculativeGenerator
+from ortspec.bench import MICRO_SETTINGS
 from ortspec.config import SamplingConfig
 from ortspec.logits import LogitsPipeline
 
@@ -39,9 +40,8 @@ def main() -> int:
     ids = gen.codec.encode(PROMPT, chat=bool(gen.codec.chat_template)) if gen.codec else list(range(1, 40))
     lm.forward(ids)
     vocab = gen.vocab_size
-    qwen = LogitsPipeline(SamplingConfig(do_sample=True, temperature=0.7, top_p=0.8, top_k=20,
-                                         repetition_penalty=1.05), vocab)
-    dense = LogitsPipeline(SamplingConfig(do_sample=True, temperature=0.7, top_k=0), vocab)
+    qwen = LogitsPipeline(SamplingConfig(do_sample=True, **MICRO_SETTINGS["qwen (T0.7 p0.8 k20 rep1.05)"]), vocab)
+    dense = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, **MICRO_SETTINGS["temperature 0.7"]), vocab)
     small = np.arange(40, dtype=np.float64)
     rng = np.random.default_rng(0)
 

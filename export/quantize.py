@@ -1,6 +1,9 @@
 """Weight quantization of an exported graph.
 
-- ``int8``: onnxruntime dynamic quantization (int8 weights, activations quantized per call).
+- ``int8``: onnxruntime dynamic quantization: int8 weights with a scale per output column, activations
+  quantized per call (one scale per pass: for drafts only, whose passes need not round alike). Its
+  multi-position passes run on onnxruntime's integer GEMM, so a draft reads a prompt 3-4x faster than
+  through ``MatMulNBits`` (Qwen2.5-Coder-0.5B, 64 positions: 89 vs 340 ms) at about the same step cost.
 - ``int4``: ``MatMulNBits`` 4-bit weights, block 32, symmetric, accuracy level 4.
 - ``int4a``: the same with a 4-bit zero point per block (asymmetric: each block's range is fitted from
   its minimum to its maximum, so no code goes unused), at the same speed (onnxruntime's fast path takes
@@ -49,11 +52,11 @@ def quantize(src: Path, dst_dir: Path, method: str) -> dict:
             if method == "int8":
                 from onnxruntime.quantization import QuantType, quantize_dynamic
                 quantize_dynamic(str(unfolded), str(out), op_types_to_quantize=["MatMul", "Gather"],
-                                 weight_type=QuantType.QInt8, per_channel=False,
+                                 weight_type=QuantType.QInt8, per_channel=True,
                                  use_external_data_format=True,
                                  extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
                 entry = {"method": "int8", "op": "DynamicQuantizeMatMul/MatMulInteger", "weight_type": "int8",
-                         "ops": ["MatMul", "Gather"]}
+                         "per_channel": True, "ops": ["MatMul", "Gather"]}
             else:
                 model = _nbits(onnx.load(str(unfolded)), method)
                 model.save_model_to_file(str(out), use_external_data_format=True)

@@ -153,8 +153,12 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
         assert head_bits == [8 if method == "int4a-h8" else 4] and q["head_bits"] == head_bits[0]
     elif method == "int8w":  # 8-bit weights for every MatMul; onnxruntime gathers only 4-bit blocks
         assert q["quantized_nodes"]["MatMulNBits"] == matmuls and q["bits"] == 8
-    else:
-        assert q["quantized_nodes"]["MatMulInteger"] == matmuls
+    else:  # int8 weights with one scale per output column (a per-tensor scale fits wide rows poorly)
+        assert q["quantized_nodes"]["MatMulInteger"] == matmuls and q["per_channel"] is True
+        graph = onnx.load(str(out / "draft" / "model.onnx"), load_external_data=False).graph
+        dims = {i.name: list(i.dims) for i in graph.initializer}
+        for n in (n for n in graph.node if n.op_type == "MatMulInteger"):
+            assert dims[n.input[3]] == dims[n.input[1]][1:], (n.name, dims[n.input[3]])
     fp = CausalLM(bundle.target, str(bundle.file(bundle.target.path)))
     qd = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)))
     ids = list(np.random.default_rng(0).integers(3, 16, 60))
@@ -162,6 +166,20 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     # "most positions": 4-bit blocks of 32 span a whole row of these 32-wide random layers
     assert agree >= (0.5 if method.startswith("int4") else 0.8), agree
     assert bundle.draft.size_bytes["model.onnx.data"] < bundle.target.size_bytes["model.onnx.data"]
+
+
+def test_shipped_recipes_name_methods_export_accepts():
+    from ortspec.export.quantize import METHODS
+    from ortspec.export.recipes import load_recipe, recipe_names
+    names = recipe_names()
+    assert {"smollm2-135m", "qwen2.5-coder"} <= set(names)
+    for name in names:
+        recipe = load_recipe(name)
+        target_quant, draft_quant = recipe["target"].get("quant"), (recipe.get("draft") or {}).get("quant")
+        assert target_quant in (None, "gguf") or (target_quant in METHODS and target_quant != "int8"), name
+        assert draft_quant in (None, "gguf") or draft_quant in METHODS, name
+    # the fp32 Qwen pair drafts with per-column int8 weights (fast prompt reads; README, "Draft quantization")
+    assert load_recipe("qwen2.5-coder")["draft"]["quant"] == "int8"
 
 
 def test_draft_from_other_model_keeps_its_tokenizer(pair_bundle):

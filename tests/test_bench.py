@@ -127,3 +127,20 @@ def test_host_cold_tool_times_each_piece_after_a_pass_and_warm(pair_bundle):
         assert len(lines) == 6 and all(float(line.split()[-3]) > 0 for line in lines), proc.stdout
     bad = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--repeat", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--repeat must be >= 1" in bad.stderr
+
+
+def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle):
+    """tools/draft_ab.py: the same draft loaded twice gives the same rounds (only the draft is swapped in); a
+    bundle of another vocabulary, or one without a draft, is refused."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "draft_ab.py"
+    run = lambda *a: subprocess.run([sys.executable, str(tool), *map(str, a)], capture_output=True, text=True)
+    proc = run(llama_bundle, llama_bundle, "--limit", "2", "--max-new-tokens", "12", "--greedy")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[1:3]]  # "0 BASE ...", "1 OTHER ..."
+    assert len(rows) == 2 and rows[0][5:] == rows[1][5:], proc.stdout  # tokens/round and acceptance
+    assert "x the base draft's speed" in proc.stdout
+    sampled = run(llama_bundle, llama_bundle, "--limit", "1", "--max-new-tokens", "8", "--sample", "--top-k", "5")
+    assert sampled.returncode == 0 and "sampled" in sampled.stdout, sampled.stderr
+    for other, message in ((small_self_bundle, "does not share"), (ids_bundle, "has no draft model")):
+        bad = run(llama_bundle, other, "--limit", "1")
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

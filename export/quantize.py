@@ -2,7 +2,7 @@
 
 - ``int8``: onnxruntime dynamic quantization: int8 weights with a scale per output column, activations
   quantized per call (one scale per pass: for drafts only, whose passes need not round alike). Its
-  multi-position passes run on onnxruntime's integer GEMM, so a draft reads a prompt 3-4x faster than
+  multi-position passes run on onnxruntime's integer GEMM, so a draft reads a prompt 2.4-3.8x faster than
   through ``MatMulNBits`` (Qwen2.5-Coder-0.5B, 64 positions: 89 vs 340 ms) at about the same step cost.
 - ``int4``: ``MatMulNBits`` 4-bit weights, block 32, symmetric, accuracy level 4.
 - ``int4a``: the same with a 4-bit zero point per block (asymmetric: each block's range is fitted from

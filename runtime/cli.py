@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model (same kinds as --target), or 'self' for a quantized copy of the target")
     p.add_argument("--draft-quant", choices=["int8", "int4", "int4a", "int4a-h8", "int8w", "gguf"],
                    help="quantize the draft: int8 (dynamic: int8 weights per output column, activations per pass; "
-                        "reads a prompt 3-4x faster than int4 at a similar step cost), int4 (MatMulNBits 4-bit, "
+                        "reads a prompt 2.4-3.8x faster than int4 at a similar step cost), int4 (MatMulNBits 4-bit, "
                         "block 32, symmetric), "
                         "int4a (4-bit with a zero point per block), int4a-h8 (int4a with an 8-bit output layer), "
                         "int8w (MatMulNBits 8-bit weights: most faithful cheap draft); gguf: a .gguf draft keeps "

@@ -222,6 +222,11 @@ class SpeculativeGenerator:
             warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
                           "speculative output can differ from target-only output at near-ties; re-export it with "
                           "--target-quant int8w for bitwise-exact output", RuntimeWarning, stacklevel=2)
+        if provider == "cuda" and drafter in ("model", "hybrid") and bundle.draft is not None and \
+                (bundle.draft.quantization or {}).get("method") == "int8":
+            warnings.warn("this bundle's draft uses dynamic INT8 (MatMulInteger), which onnxruntime runs on the CPU "
+                          "even with the CUDA provider; for a GPU, re-export with --draft-quant int4",
+                          RuntimeWarning, stacklevel=2)
         if drafter in ("model", "hybrid") and bundle.draft is None:
             raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
                               "'none', or export with --draft")

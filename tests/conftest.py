@@ -73,6 +73,13 @@ def small_self_bundle(workdir, hf_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_int8_bundle(workdir, hf_models) -> Path:
+    """The vocab-16 target drafted by its own dynamic-INT8 copy: nearly every draft passes."""
+    return _export(target=str(hf_models["small_target"]), draft="self", draft_quant="int8",
+                   out=workdir / "b_small_int8")
+
+
+@pytest.fixture(scope="session")
 def ids_bundle(workdir, hf_models) -> Path:
     """A target-only bundle without a tokenizer (token ids in, token ids out)."""
     return _export(target=str(hf_models["no_tok"]), out=workdir / "b_ids")

@@ -91,6 +91,23 @@ def test_cuda_provider_unavailable_is_a_clear_error(pair_bundle):
         SpeculativeGenerator.load(pair_bundle, provider="cuda")
 
 
+def test_cuda_with_a_dynamic_int8_draft_warns_it_runs_on_the_cpu(small_int8_bundle, small_self_bundle):
+    """onnxruntime has no CUDA kernels for dynamic INT8: such a draft would run on the CPU, so loading it for
+    CUDA says so (here CUDA is missing too, so the load then fails as above). An INT4 draft loads silently."""
+    import warnings
+    import onnxruntime as ort
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA is available here")
+    with pytest.warns(RuntimeWarning, match="--draft-quant int4"), pytest.raises(ProviderUnavailableError):
+        SpeculativeGenerator.load(small_int8_bundle, provider="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ProviderUnavailableError):
+            SpeculativeGenerator.load(small_self_bundle, provider="cuda")
+        with pytest.raises(ProviderUnavailableError):
+            SpeculativeGenerator.load(small_int8_bundle, provider="cuda", drafter="none")
+
+
 @pytest.mark.parametrize("builds, says", [
     (["onnxruntime"], "install the GPU build in place of the CPU one: pip uninstall -y onnxruntime onnxruntime-gpu "
                       "&& pip install 'ortspec[cuda]'"),

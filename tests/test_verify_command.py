@@ -50,16 +50,8 @@ def test_fails_when_the_draft_reports_a_different_q(small_bundle):
     assert r["verdict"] == "fail"
 
 
-@pytest.fixture(scope="module")
-def close_pair(workdir, hf_models):
-    """The small target drafted by its own INT8 copy: nearly every draft passes."""
-    from ortspec.export import export_bundle
-    return export_bundle(target=str(hf_models["small_target"]), draft="self", draft_quant="int8",
-                         out=workdir / "b_small_int8", progress=None)
-
-
-def test_inconclusive_with_too_few_samples(close_pair):
-    r = verify(close_pair, samples=100)
+def test_inconclusive_with_too_few_samples(small_int8_bundle):
+    r = verify(small_int8_bundle, samples=100)
     assert r["verdict"] == "inconclusive" and not r["negative_control"]["rejected"]
 
 

@@ -12,7 +12,6 @@ tokens/s and time to first token, tokens per round and acceptance; then each OTH
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 import statistics
 import sys
@@ -41,6 +40,7 @@ def main() -> int:
     gamma = args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens)
 
     from ortspec import SpeculativeGenerator
+    from ortspec.bench import load_prompts
     from ortspec.bundle import load_bundle
     from ortspec.model import CausalLM
 
@@ -65,16 +65,14 @@ def main() -> int:
     sampling = {"do_sample": False} if args.greedy else {
         "do_sample": True if args.sample else None, "temperature": args.temperature, "top_k": args.top_k,
         "top_p": args.top_p, "repetition_penalty": args.repetition_penalty}
-    with open(args.prompts) as f:
-        prompts = [json.loads(line)["prompt"] for line in f if line.strip()][:args.limit]
+    prompts = [item["prompt"] for item in load_prompts(Path(args.prompts))][:args.limit]
+    chat = gen.codec is not None and bool(gen.codec.chat_template)
     names = list(gens)
     runs: dict[str, list] = {name: [] for name in names}
     for i, prompt in enumerate(prompts):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            s = gens[name].generate(prompt, chat=gen.codec is not None and bool(gen.codec.chat_template),
-                                    max_new_tokens=args.max_new_tokens, num_draft_tokens=gamma, seed=i,
-                                    **sampling).stats
-            runs[name].append(s)
+            runs[name].append(gens[name].generate(prompt, chat=chat, max_new_tokens=args.max_new_tokens,
+                                                  num_draft_tokens=gamma, seed=i, **sampling).stats)
         print(f"[draft_ab] prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     width = max(len(n) for n in names)
     print(f"{'draft of':{width}s}  total s  tok/s  ttft ms  tok/round  acceptance   "

@@ -17,7 +17,10 @@ uniform number (inverse CDF over ids, or over blocks then within one).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from array import array
+import bisect
+import heapq
+import math
 import sys
 from typing import Sequence
 
@@ -27,6 +30,7 @@ from .config import SamplingConfig
 
 BLOCK_ROWS = 32       # a row of width W is viewed as [32, W / 32]; a "block" is one column of it
 SPARSE_MAX = 4096     # a nucleus of at most this many tokens is kept as ids + probabilities
+LEAN_MAX = 256        # a top-k row of at most this many candidates is finished in plain Python (a small Dist)
 NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
 LOG2_E = 1.4426950408889634  # 1 / ln 2
 HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits name a bucket of the nucleus search
@@ -39,44 +43,81 @@ HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits n
 EXP2_FLOOR = -100
 
 
-@dataclass(frozen=True)
 class Dist:
-    """One row's distribution: sparse (``ids`` ascending, float64 ``probs``) or dense (float32 ``weights``
-    over the vocabulary, probability = weight / ``total``)."""
+    """One row's distribution, in one of three forms:
 
-    ids: np.ndarray | None = None
-    probs: np.ndarray | None = None
-    weights: np.ndarray | None = None
-    total: float = 1.0
+    - small (``tokens``, ``plist``): Python lists, ids ascending, float probabilities summing to 1 — a top-k
+      row or a small nucleus. Everything a round asks of it (a token's probability, a draw, sum min(p, q))
+      is plain Python: right after a model pass the CPU caches hold nothing of NumPy's or the interpreter's
+      code, and each NumPy call then costs tens of microseconds whatever its size;
+    - sparse arrays (``ids`` ascending, float64 ``probs``), for larger supports;
+    - dense (float32 ``weights`` over the vocabulary, probability = weight / ``total``).
+
+    ``ids``/``probs`` of a small Dist are made on first use (for checks and the rare large-support paths).
+    """
+
+    __slots__ = ("_ids", "_probs", "tokens", "plist", "weights", "total")
+
+    def __init__(self, ids: np.ndarray | None = None, probs: np.ndarray | None = None,
+                 weights: np.ndarray | None = None, total: float = 1.0, *,
+                 tokens: list[int] | None = None, plist: list[float] | None = None):
+        self._ids, self._probs = ids, probs
+        self.tokens, self.plist = tokens, plist
+        self.weights, self.total = weights, total
 
     @staticmethod
-    def from_probs(probs: np.ndarray) -> "Dist":
-        """A sparse Dist of a probability vector's nonzero entries (need not be exactly normalized)."""
+    def from_probs(probs: np.ndarray, small: bool | None = None) -> "Dist":
+        """A sparse Dist of a probability vector's nonzero entries (need not be exactly normalized): a small one
+        (lists) when ``small`` or, by default, when there are at most LEAN_MAX of them; else arrays."""
         probs = np.asarray(probs, dtype=np.float64)
         ids = np.flatnonzero(probs > 0)
+        if small if small is not None else ids.size <= LEAN_MAX:
+            kept = probs[ids].tolist()
+            total = math.fsum(kept)
+            return Dist(tokens=ids.tolist(), plist=[x / total for x in kept])
         return Dist(ids, probs[ids])
 
     @staticmethod
     def one_hot(token: int) -> "Dist":
-        return Dist(np.array([int(token)], dtype=np.int64), np.ones(1))
+        return Dist(tokens=[int(token)], plist=[1.0])
+
+    @property
+    def small(self) -> bool:
+        return self.tokens is not None
 
     @property
     def sparse(self) -> bool:
-        return self.ids is not None
+        return self.tokens is not None or self._ids is not None
+
+    @property
+    def ids(self) -> np.ndarray | None:
+        if self._ids is None and self.tokens is not None:
+            self._ids = np.array(self.tokens, dtype=np.int64)
+        return self._ids
+
+    @property
+    def probs(self) -> np.ndarray | None:
+        if self._probs is None and self.plist is not None:
+            self._probs = np.array(self.plist, dtype=np.float64)
+        return self._probs
 
     def prob(self, token: int) -> float:
-        if self.sparse:
-            i = int(np.searchsorted(self.ids, token))
-            return float(self.probs[i]) if i < self.ids.size and self.ids[i] == token else 0.0
+        if self.tokens is not None:
+            i = bisect.bisect_left(self.tokens, token)
+            return self.plist[i] if i < len(self.tokens) and self.tokens[i] == token else 0.0
+        if self._ids is not None:
+            i = int(np.searchsorted(self._ids, token))
+            return float(self._probs[i]) if i < self._ids.size and self._ids[i] == token else 0.0
         return float(self.weights[token]) / self.total if 0 <= token < self.weights.size else 0.0
 
     def probs_of(self, tokens: np.ndarray) -> np.ndarray:
         """Probabilities of several tokens (float64)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if self.sparse:
-            i = np.minimum(np.searchsorted(self.ids, tokens), max(self.ids.size - 1, 0))
-            hit = self.ids[i] == tokens if self.ids.size else np.zeros(tokens.size, bool)
-            return np.where(hit, self.probs[i] if self.ids.size else 0.0, 0.0)
+            ids, probs = self.ids, self.probs
+            i = np.minimum(np.searchsorted(ids, tokens), max(ids.size - 1, 0))
+            hit = ids[i] == tokens if ids.size else np.zeros(tokens.size, bool)
+            return np.where(hit, probs[i] if ids.size else 0.0, 0.0)
         return self.weights[tokens].astype(np.float64) / self.total
 
     def dense(self, vocab: int) -> np.ndarray:
@@ -90,18 +131,41 @@ class Dist:
 
     def sample(self, rng: np.random.Generator) -> int:
         """One draw by inverse CDF (one uniform number)."""
-        if self.sparse:
-            return int(self.ids[_inverse_cdf(self.probs, rng.random())])
+        if self.tokens is not None:
+            return self.tokens[inverse_cdf_list(self.plist, rng.random())]
+        if self._ids is not None:
+            return int(self._ids[_inverse_cdf(self._probs, rng.random())])
         return sample_weights(self.weights, rng.random())
 
     def min_mass(self, other: "Dist") -> float:
         """sum_x min(self(x), other(x)): the probability that a draft from ``other`` is accepted here."""
+        if self.tokens is not None and other.tokens is not None:
+            return min_mass_lists(self.tokens, self.plist, other.tokens, other.plist)
         small, big = (other, self) if other.sparse else (self, other)
         if not small.sparse:
             v = max(self.weights.size, other.weights.size)
             return float(np.minimum(self.dense(v), other.dense(v)).sum())
         norm = small.probs / small.probs.sum()
         return float(np.minimum(norm, big.probs_of(small.ids)).sum())
+
+
+def inverse_cdf_list(plist: list[float], u: float) -> int:
+    """``_inverse_cdf`` over a Python list (the same running sums, so the same draw for the same numbers)."""
+    total = 0.0
+    for p in plist:
+        total += p
+    x, acc = u * total, 0.0
+    for i, p in enumerate(plist):
+        acc += p
+        if acc > x:
+            return i
+    return len(plist) - 1
+
+
+def min_mass_lists(tokens: list[int], plist: list[float], other_tokens: list[int], other_plist: list[float]) -> float:
+    """sum_x min(p(x), q(x)) of two small distributions (each normalized to 1)."""
+    there = dict(zip(tokens, plist))
+    return math.fsum(min(q, there[t]) for t, q in zip(other_tokens, other_plist) if t in there)
 
 
 def _inverse_cdf(weights: np.ndarray, u: float) -> int:
@@ -189,6 +253,7 @@ class LogitsPipeline:
         self._seen_of: list[int] = []     # the context whose distinct tokens are cached (repetition penalty)
         self._seen: set[int] = set()
         self._seen_ids = np.zeros(0, dtype=np.int64)
+        self._theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
@@ -211,13 +276,13 @@ class LogitsPipeline:
 
     def _device_greedy(self, drow, base: Sequence[int], new: Sequence[int]) -> int:
         found = self._device_top(drow, 1, base, new, np.float64)
-        if found is None or not np.isfinite(found[2]):
+        if found is None or not math.isfinite(found[2]):
             return int(self.greedy(drow.numpy()[None], base, new)[0])
-        return int(found[0].min())  # the lowest id among the ties of the largest
+        return int(min(found[0]))  # the lowest id among the ties of the largest
 
-    def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
-        """Distinct ids of base + new inside the vocabulary. A context that extends the last one (as a request's
-        does, round after round) only adds its new tokens to the cached set."""
+    def _update_seen(self, base: Sequence[int]) -> None:
+        """Keep the distinct ids of ``base`` (inside the vocabulary) cached. A context that extends the last one
+        (as a request's does, round after round) only adds its new tokens to the cached set."""
         n = len(self._seen_of)
         if len(base) < n or list(base[:n]) != self._seen_of:
             self._seen_of, self._seen, self._seen_ids, n = [], set(), np.zeros(0, dtype=np.int64), 0
@@ -228,6 +293,10 @@ class LogitsPipeline:
             if added:  # appended (the whole set is not rebuilt each round)
                 self._seen.update(added)
                 self._seen_ids = np.concatenate([self._seen_ids, np.asarray(added, dtype=np.int64)])
+
+    def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
+        """Distinct ids of base + new inside the vocabulary."""
+        self._update_seen(base)
         extra = [t for t in dict.fromkeys(int(t) for t in new) if t not in self._seen and 0 <= t < self.vocab_size]
         return np.concatenate([self._seen_ids, np.asarray(extra, dtype=np.int64)]) if extra else self._seen_ids
 
@@ -246,25 +315,43 @@ class LogitsPipeline:
         return np.where(values < 0, values * theta, values / theta).astype(values.dtype)
 
     def _banned_now(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
+        return np.asarray(self._banned_list(base, new), dtype=np.int64)
+
+    def _banned_list(self, base: Sequence[int], new: Sequence[int]) -> list[int]:
         """Ids banned at this position: single-token bad words, and the last token of each longer bad word
         whose other tokens end the context."""
-        banned = list(self._banned)
+        banned = self._banned.tolist()
         if self._multi:
             context = [int(t) for t in base[-16:]] + [int(t) for t in new]  # enough for any short ban
             for word in self._multi:
                 prefix = list(word[:-1])
                 if word[-1] < self.vocab_size and context[len(context) - len(prefix):] == prefix:
                     banned.append(word[-1])
-        return np.asarray(banned, dtype=np.int64)
+        return banned
 
     # -- rows left on the device (DeviceRow: the largest entries and a bound on the rest) ------------------
     TOP_MARGIN = 16  # entries read beyond the k a rule needs, for those the processors push down
 
+    def top_entries(self) -> int:
+        """How many of a row's largest entries this pipeline reads where a row offers them (``top``): enough
+        for its top-k (or greedy) choice with the margin; 0 when it needs whole rows (no top-k, top-k beyond
+        LEAN_MAX, or a penalty below 1, which can raise entries from anywhere)."""
+        cfg = self.config
+        if cfg.repetition_penalty < 1.0:
+            return 0
+        if not cfg.do_sample:
+            return 1 + self.TOP_MARGIN
+        if cfg.top_k and cfg.top_k + self.TOP_MARGIN <= LEAN_MAX and cfg.top_k < self.vocab_size:
+            return cfg.top_k + self.TOP_MARGIN
+        return 0
+
     def _device_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32):
-        """The processed scores of a device row's largest entries when they decide its top ``k`` exactly:
-        (ids, scores, kth), every id whose score is >= kth, the k-th largest; None when the row must be read
-        in full (a processor may raise scores, or the entries read do not settle the k-th largest). Scores are
-        processed in ``dtype``, as the host path does (float32 for ``row``, float64 for ``greedy``).
+        """The processed scores of a row's largest entries, read from ``drow.top`` (a row whose largest entries
+        the graph or the device found), when they decide its top ``k`` exactly: (ids, scores, kth) as lists,
+        every id whose score is >= kth, the k-th largest; None when the row must be read in full (a processor
+        may raise scores, or the entries read do not settle the k-th largest). Scores are processed with
+        ``dtype``'s rounding, as the host path does (float32 for ``row``, float64 for ``greedy``). Plain Python
+        on a few dozen numbers: right after a model pass each NumPy call would cost more than all of it.
 
         Processors only lower scores (penalty >= 1, bans), so an entry that was not read scores at most the
         bound the device returns; when the k-th largest processed score read is above that bound, the entries
@@ -273,21 +360,34 @@ class LogitsPipeline:
         if self.config.repetition_penalty < 1.0:
             return None
         ids, vals, bound = drow.top(k + self.TOP_MARGIN)
-        inside = ids < self.vocab_size
-        ids, vals = ids[inside], vals[inside].astype(dtype)
-        if self.config.repetition_penalty != 1.0:
-            hit = np.isin(ids, self._seen_tokens(base, new))
-            vals[hit] = self._penalize(vals[hit])
-        banned = self._banned_now(base, new)
-        if banned.size:
-            vals[np.isin(ids, banned)] = -np.inf
-        if ids.size < k:
+        tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
+        val = vals.tolist() if isinstance(vals, np.ndarray) else list(vals)
+        if tok and max(tok) >= self.vocab_size:  # padding columns of a wider graph
+            inside = [j for j, t in enumerate(tok) if t < self.vocab_size]
+            tok, val = [tok[j] for j in inside], [val[j] for j in inside]
+        theta = self.config.repetition_penalty
+        if theta != 1.0:
+            self._update_seen(base)
+            seen, extra = self._seen, {int(t) for t in new}
+            hit = [j for j, t in enumerate(tok) if t in seen or t in extra]
+            if hit:
+                if dtype == np.float32:  # float32 products and quotients, as NumPy makes them on float32 rows
+                    t32 = self._theta32
+                    changed = array("f", [val[j] * t32 if val[j] < 0 else val[j] / t32 for j in hit]).tolist()
+                else:
+                    changed = [val[j] * theta if val[j] < 0 else val[j] / theta for j in hit]
+                for j, v in zip(hit, changed):
+                    val[j] = v
+        if self.config.bad_words_ids:
+            banned = set(self._banned_list(base, new))
+            val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
+        if len(tok) < k:
             return None
-        kth = np.partition(vals, ids.size - k)[ids.size - k]
+        kth = heapq.nlargest(k, val)[-1]
         if not kth > bound:
             return None
-        keep = vals >= kth
-        return ids[keep], vals[keep], kth
+        keep = [j for j, v in enumerate(val) if v >= kth]
+        return [tok[j] for j in keep], [val[j] for j in keep], kth
 
     # -- warpers (sampling) -----------------------------------------------
     def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
@@ -297,7 +397,7 @@ class LogitsPipeline:
         if hasattr(logits, "top"):  # a DeviceRow
             if cfg.top_k and cfg.top_k < self.vocab_size:
                 found = self._device_top(logits, cfg.top_k, base, new)
-                if found is not None and np.isfinite(found[2]):
+                if found is not None and math.isfinite(found[2]):
                     return self._sparse(found[0], found[1])
             logits, inplace = logits.numpy(), False  # settings without top-k read the whole row
         scores = np.asarray(logits)[: self.vocab_size]
@@ -339,14 +439,41 @@ class LogitsPipeline:
         """The distributions actually sampled from, as dense float64 rows [rows, vocab] (for checks)."""
         return np.stack([self.row(logits[i], base, new[:i]).dense(self.vocab_size) for i in range(len(logits))])
 
-    def _sparse(self, ids: np.ndarray, scores: np.ndarray) -> Dist:
+    def _sparse(self, ids, scores) -> Dist:
         """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p.
         Computed in the top-p order (descending score, lowest id first on ties), so the same candidates give
-        the same bits however they were found (the host and device paths)."""
-        order = np.lexsort((ids, -scores))
-        x = scores[order].astype(np.float64) / self.config.temperature
-        e = np.exp(x - x[0])
-        return self._nucleus_sorted(ids[order], e / e.sum())
+        the same bits however they were found (the host and device paths). Up to LEAN_MAX candidates in plain
+        Python (a small Dist), more with NumPy."""
+        if len(ids) > LEAN_MAX:
+            ids, scores = np.asarray(ids), np.asarray(scores)
+            order = np.lexsort((ids, -scores))
+            x = scores[order].astype(np.float64) / self.config.temperature
+            e = np.exp(x - x[0])
+            return self._nucleus_sorted(ids[order], e / e.sum())
+        tok = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        val = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
+        order = sorted(range(len(tok)), key=lambda j: (-val[j], tok[j]))
+        temperature = self.config.temperature
+        top = val[order[0]] / temperature
+        e = [math.exp(val[j] / temperature - top) for j in order]
+        total = math.fsum(e)
+        probs = [x / total for x in e]
+        n = len(probs)
+        while n > 1 and probs[n - 1] == 0.0:  # underflowed: the tail of the order
+            n -= 1
+        if self.config.top_p < 1.0:
+            acc, cut = 0.0, n
+            for j in range(n - 1):  # kept while the mass strictly before a token is < top_p
+                acc += probs[j]
+                if acc >= self.config.top_p:
+                    cut = j + 1
+                    break
+            n = cut
+        if n < len(probs):
+            total = math.fsum(probs[:n])
+            probs = [x / total for x in probs[:n]]
+        pairs = sorted(zip((tok[j] for j in order[:n]), probs))
+        return Dist(tokens=[t for t, _ in pairs], plist=[p for _, p in pairs])
 
     def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
         """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.

@@ -9,11 +9,12 @@ sampling. Greedy: accept d_i iff it is the target's argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .logits import Dist, sample_weights
+from .logits import Dist, inverse_cdf_list, sample_weights
 
 # Below this mass the residual max(0, p - q) is numerical noise: p == q.
 RESIDUAL_EPS = 1e-12
@@ -50,7 +51,7 @@ def acceptance_probability(p_token: float, q_token: float) -> float:
         return 0.0
     if p_token <= 0.0:
         return 0.0
-    return float(min(1.0, np.exp(np.log(p_token) - np.log(q_token))))
+    return min(1.0, math.exp(math.log(p_token) - math.log(q_token)))
 
 
 def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
@@ -86,6 +87,14 @@ def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], targe
 
 def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:
     """One draw from normalize(max(0, p - q)); from p when p and q coincide (residual mass ~0)."""
+    if target.small and draft.small:  # plain Python over the union of two small supports
+        there = dict(zip(draft.tokens, draft.plist))
+        mass = dict(zip(target.tokens, target.plist))
+        ids = sorted(set(mass) | set(there))
+        r = [max(mass.get(t, 0.0) - there.get(t, 0.0), 0.0) for t in ids]
+        if math.fsum(r) <= RESIDUAL_EPS:
+            return target.sample(rng)
+        return ids[inverse_cdf_list(r, rng.random())]
     if target.sparse and draft.sparse:
         ids = np.union1d(target.ids, draft.ids)
         r = np.maximum(target.probs_of(ids) - draft.probs_of(ids), 0.0)

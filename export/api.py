@@ -20,7 +20,8 @@ from ortspec.bundle import (ModelSpec, is_bundle, load_bundle, sha256_file, writ
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .genai import write_genai_config
-from .graph import DATA_SUFFIX, choose_graph, export_model, graph_facts, restrict_vocab, subset_ranges
+from .graph import (DATA_SUFFIX, add_top_outputs, choose_graph, export_model, graph_facts, restrict_vocab,
+                    subset_ranges)
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
 from .quantize import METHODS, quantize
 
@@ -374,6 +375,7 @@ def _restrict_draft(tmp: Path, graph: Path, first: int, draft_info: dict, target
 
 def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: str | None,
           subset: dict | None = None) -> dict:
+    add_top_outputs(graph)
     facts = graph_facts(graph)
     files = [graph, graph.with_name(graph.name + DATA_SUFFIX)]
     files = [f for f in files if f.is_file()]
@@ -389,7 +391,7 @@ def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: st
         sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
         special_ids=info["special_ids"], tokenizer=tokenizer, kv_cache=facts["kv_cache"],
         seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"], vocab_subset=subset,
-        logits_to_keep=facts["logits_to_keep"])
+        logits_to_keep=facts["logits_to_keep"], top_logits=facts["top_logits"])
     return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
 
 

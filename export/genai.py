@@ -109,9 +109,17 @@ def _write_variant(src: Path, dst: Path, spec: ModelSpec) -> None:
                   *kept[1:]]
     if spec.logits_to_keep:  # genai reads the logits of every position it feeds
         nodes.append(helper.make_node("Shape", [spec.input_ids], [spec.logits_to_keep], start=1, end=2))
+    body = list(graph.node)
+    if spec.top_logits:  # genai reads whole rows: the TopK (its input and outputs) goes
+        top = spec.top_logits
+        inputs = [i for i in inputs if i.name != top["k"]]
+        made = {top["values"], top["ids"]}
+        body = [n for n in body if not made & set(n.output)]  # the TopK, and the Cast after it (fp16 graphs)
+        outputs = [o for o in graph.output if o.name not in (top["values"], top["ids"])]
+        del graph.output[:]
+        graph.output.extend(outputs)
     del graph.input[:]
     graph.input.extend(inputs)
-    body = list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes + body)
     tmp = dst.with_name(dst.name + ".tmp")

@@ -11,6 +11,9 @@ from ortspec.errors import ExportError
 
 DATA_SUFFIX = ".data"
 KEEP_INPUT = "logits_to_keep"
+# the largest logits of every kept row, found inside the pass: an int64 [1] input asks for K of them, and two
+# outputs hold their values (float32) and columns [1, rows, K] (TopK: descending, ties by lower column)
+TOP_LOGITS = {"k": "logits_top_k", "values": "top_values", "ids": "top_ids"}
 _KV_IN = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _KV_OUT = re.compile(r"^present\.(\d+)\.(key|value)$")
 
@@ -100,6 +103,37 @@ def keep_logits_rows(path: Path) -> None:
     graph.node.insert(at, rows)
     graph.input.append(helper.make_tensor_value_info(KEEP_INPUT, TensorProto.INT64, [1]))
     tmp = path.with_name(path.name + ".keep")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, path)
+
+
+def add_top_outputs(path: Path) -> None:
+    """Give the graph at ``path`` the TOP_LOGITS input and outputs: ``TopK(logits, logits_top_k)`` along the
+    vocabulary, values cast to float32. A decoding round then reads each row's few largest entries straight
+    from the pass (the sampling rules need no more with top-k or greedy) instead of searching the whole row on
+    the host, and on a GPU the full rows never leave the device. Weights are not touched."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    if any(i.name == TOP_LOGITS["k"] for i in graph.input):
+        return
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    if logits is None:
+        raise ExportError(f"{path} has no logits output")
+    elem = logits.type.tensor_type.elem_type
+    raw = TOP_LOGITS["values"] if elem == TensorProto.FLOAT else "top/values.raw"
+    graph.node.append(helper.make_node("TopK", ["logits", TOP_LOGITS["k"]], [raw, TOP_LOGITS["ids"]],
+                                       name="top/topk", axis=-1, largest=1, sorted=1))
+    if raw != TOP_LOGITS["values"]:
+        graph.node.append(helper.make_node("Cast", [raw], [TOP_LOGITS["values"]], name="top/cast",
+                                           to=TensorProto.FLOAT))
+    graph.input.append(helper.make_tensor_value_info(TOP_LOGITS["k"], TensorProto.INT64, [1]))
+    rows = [1, "sequence_length", "top_k"]
+    graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["values"], TensorProto.FLOAT, rows))
+    graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["ids"], TensorProto.INT64, rows))
+    tmp = path.with_name(path.name + ".top")
     onnx.save(model, str(tmp))
     os.replace(tmp, path)
 
@@ -209,6 +243,8 @@ def graph_facts(path: Path) -> dict:
         "total_sequence_length": "total_sequence_length" if static else None,
         "position_ids": "position_ids" if "position_ids" in ins else None,
         "logits_to_keep": KEEP_INPUT if KEEP_INPUT in ins else None,
+        "top_logits": dict(TOP_LOGITS) if TOP_LOGITS["k"] in ins and TOP_LOGITS["values"] in outs
+        and TOP_LOGITS["ids"] in outs else None,
         "logits": "logits", "kv_inputs": kv_in, "kv_outputs": kv_out,
         "num_layers": len(kv_in), "num_kv_heads": int(shape[1]), "head_dim": int(shape[3]),
         "vocab_size": int(dims(outs["logits"])[-1]),

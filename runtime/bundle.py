@@ -52,6 +52,9 @@ class ModelSpec:
     vocab_subset: dict | None = None
     # int64 [1] input: the output layer runs on the last that many positions only (None: every position)
     logits_to_keep: str | None = None
+    # the graph's TopK over each kept row: {"k": int64 [1] input, "values": float32 [1, rows, k] output,
+    # "ids": int64 [1, rows, k] output (logits columns)}; None in graphs exported without it
+    top_logits: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
@@ -73,7 +76,7 @@ class ModelSpec:
                 kv_cache=str(d.get("kv_cache", "concat")), seqlens_k=d.get("seqlens_k"),
                 total_sequence_length=d.get("total_sequence_length"),
                 vocab_subset=_vocab_subset(d.get("vocab_subset"), int(d["vocab_size"]), role),
-                logits_to_keep=d.get("logits_to_keep"),
+                logits_to_keep=d.get("logits_to_keep"), top_logits=_top_logits(d.get("top_logits"), role),
             )
         except BundleError:
             raise
@@ -140,6 +143,17 @@ def _vocab_subset(value, width: int, role: str) -> dict | None:
         raise BundleError(f"models.{role}.vocab_subset covers {count} ids but the graph has {width} logits; "
                           "re-export the bundle")
     return {"full_size": full, "ranges": ranges}
+
+
+def _top_logits(value, role: str) -> dict | None:
+    """Validate a manifest's top_logits: the names of the graph's TopK input and outputs."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"k", "values", "ids"} or \
+            not all(isinstance(v, str) and v for v in value.values()):
+        raise BundleError(f"models.{role}.top_logits is malformed (want the names k, values, ids); "
+                          "re-export the bundle")
+    return dict(value)
 
 
 @dataclass(frozen=True)

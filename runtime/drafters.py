@@ -84,9 +84,10 @@ class ModelDrafter:
     its steps attend over a window instead of the whole context. What the draft sees changes only its
     acceptance, never the output.
 
-    With a ``source`` (the target, for a self-draft of the same cache layout), the positions the target holds
-    take the target's keys and values (``CausalLM.adopt``) instead of the draft's own: the draft feeds only
-    what the target has not verified yet (the last committed token) and the tokens it drafts.
+    With a ``source`` (the target, for a self-draft of the same cache layout), the draft runs on the target's
+    KV cache (``CausalLM.share_cache``): the positions the target holds carry the target's keys and values, and
+    the draft feeds only what the target has not verified yet (the last committed token) and the tokens it
+    drafts.
     """
 
     name = "model"
@@ -97,6 +98,8 @@ class ModelDrafter:
         # source: the target, when this draft reads the target's K/V for committed text (a self-draft with
         # the same cache layout; the window does not apply then)
         self.source = source
+        if source is not None:
+            lm.share_cache(source)
 
     def view(self, committed: Sequence[int]) -> list[int]:
         """The tokens the draft model reads for this context."""
@@ -121,15 +124,10 @@ class ModelDrafter:
         sampled but never fed), so the next round feeds [d_gamma, bonus].
         """
         seen = self.view(committed)
-        keep = min(common_prefix(self.lm.tokens, seen), len(seen) - 1)
-        if self.source is not None:  # positions the target holds: its K/V replace whatever the draft computed
-            have = min(common_prefix(self.source.tokens, seen), len(seen) - 1)
-            start = min(self.lm.adopted, keep)
-            if have > start:
-                self.lm.rollback(start)
-                self.lm.adopt(self.source, have)
-                keep = have
-        self.lm.rollback(keep)
+        if self.source is not None:  # the shared cache: valid where the target holds the committed text
+            self.lm.follow(min(common_prefix(self.source.tokens, seen), len(seen) - 1))
+            return
+        self.lm.rollback(min(common_prefix(self.lm.tokens, seen), len(seen) - 1))
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         self.sync(committed)

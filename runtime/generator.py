@@ -199,9 +199,10 @@ class SpeculativeGenerator:
         ran 0.51x (README, "Long prompts").
 
         draft_kv: "auto" (default) lets a self-draft (the target's own weights quantized: same layers and cache
-        layout) read the target's keys and values for the committed text instead of computing its own, on the
-        CPU: the draft never reads the prompt (the first token is the target's prefill alone) and drafts from
-        the better model's cache; draft_window does not apply then. "own": the draft keeps its own cache.
+        layout) run on the target's KV cache: it reads the target's keys and values for the committed text
+        instead of computing its own, so it never reads the prompt (the first token is the target's prefill
+        alone), drafts from the better model's cache and keeps no cache of its own; draft_window does not
+        apply then. "own": the draft keeps its own cache.
         Acceptance may change, the output never does.
         """
         if not isinstance(bundle_dir, (str, os.PathLike)):
@@ -238,7 +239,7 @@ class SpeculativeGenerator:
             try:
                 lm = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
                               thread_pool=thread_pool, logits=logits)
-                shared = draft_kv == "auto" and bundle.draft.source.get("kind") == "self" and lm.can_adopt(target)
+                shared = draft_kv == "auto" and bundle.draft.source.get("kind") == "self" and lm.can_share(target)
                 impl = cls._model_drafter(drafter, lm, draft_window, target if shared else None)
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
@@ -360,9 +361,10 @@ class SpeculativeGenerator:
         target.rollback(min(common_prefix(target.tokens, committed), start - 1, reusable))
         self._sync_drafter(committed)
         room = start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1
-        for lm in (target, getattr(self.drafter, "lm", None)):
+        for lm, rules in ((target, pipe), (getattr(self.drafter, "lm", None), draft_pipe)):
             if lm is not None:
                 lm.reserve(min(room, lm.capacity))
+                lm.top_k = rules.top_entries()  # the largest entries per row this request's rules read
         # A long prompt's first token comes from the target alone: the draft model reads the prompt in the
         # second round, so the user's wait for the first token is the target's prefill only. A draft reading
         # the target's cache never reads the prompt: it drafts from the second round on, always (whatever the

@@ -27,6 +27,7 @@ bound to host memory.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Sequence
@@ -163,6 +164,7 @@ class CausalLM:
     CHUNK = 128
     HOST_ROWS = 64      # logits rows of a reusable host buffer; a larger request gets a temporary one
     HOST_BUFFERS = 3    # reusable host buffers (a returned array keeps its buffer out of use while it lives)
+    TOP_MAX = 272       # top entries per row a reusable buffer holds (the pipelines read at most 256 + 16)
     # onnxruntime's CPU kernels compute a row that is alone in its tile of rows on another path, with
     # other rounding: any one-position pass, and (GroupQueryAttention with head size 16) the last row of
     # a pass of 32k + 1 positions. Bitwise passes never have ROW_TILE * k + 1 positions (nor the output
@@ -204,6 +206,11 @@ class CausalLM:
         self._topk = ort.InferenceSession(topk_graph(_ELEM[spec.dtype]), session_options(1, thread_pool),
                                           providers=providers) if self.logits_on_device else None
         self.rows_read = self.rows_copied = 0  # device rows: read through their top entries / copied in full
+        # The graph's own TopK over each kept row (bundles exported with it): a decoding pass then brings back
+        # each row's ``top_k`` largest entries too, and the sampling rules read those instead of the row.
+        # "host" asks for whole rows only (the graph is still told to find one entry: its input must be fed).
+        self.top_rows = bool(spec.top_logits) and logits != "host"
+        self.top_k = 0          # entries per kept row decoding passes bring back (0: none; set per request)
         self._kv_in = [n for pair in spec.kv_inputs for n in pair]
         self._kv_out = [n for pair in spec.kv_outputs for n in pair]
         self.static = spec.kv_cache == "static"
@@ -211,8 +218,8 @@ class CausalLM:
         self._past: list = list(self._empty)   # static: the shared buffers; concat: last presents
         self._stored = 0                       # concat: positions held; static: buffer capacity
         self._binding = None                   # static: IO binding with the KV buffers already bound
-        self._views = None                     # static on the CPU: (buffers, their NumPy views) for adopt
-        self._host: list[np.ndarray] = []      # reusable host buffers the kept logits rows are written into
+        self._cache_owner: CausalLM | None = None  # share_cache: the model whose KV buffers this one runs on
+        self._host: list[tuple] = []           # reusable host slots: logits, top values, top columns (_slot)
         # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
         # shares its pass. The generator sets it per request.
         self.bitwise = False
@@ -228,7 +235,6 @@ class CausalLM:
             self._past, self._stored = list(self._empty), 0
         self.tokens: list[int] = []
         self.canonical_length = 0  # leading positions whose K/V all came from passes of >= 2 positions
-        self.adopted = 0           # leading positions whose K/V were copied from another model's cache (adopt)
 
     def _buffers(self, positions: int) -> list:
         shape = [1, self.spec.num_kv_heads, positions, self.spec.head_dim]
@@ -237,6 +243,10 @@ class CausalLM:
 
     def reserve(self, positions: int) -> None:
         """Static cache: make room for ``positions`` (rounded up), keeping the valid prefix."""
+        if self._cache_owner is not None:  # the owner's buffers grow (the owner keeps its valid prefix)
+            self._cache_owner.reserve(positions)
+            self._follow_owner()
+            return
         if not self.static or positions <= self._stored:
             return
         step = self.RESERVE_STEP
@@ -267,36 +277,47 @@ class CausalLM:
             raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
         self.canonical_length = min(self.canonical_length, length)
-        self.adopted = min(self.adopted, length)
 
-    def can_adopt(self, source: "CausalLM") -> bool:
-        """Whether ``adopt`` can take ``source``'s K/V: both static caches in host memory with one layout."""
+    def can_share(self, source: "CausalLM") -> bool:
+        """Whether this model can run on ``source``'s KV buffers (``share_cache``): both static caches on one
+        device with one layout."""
         a, b = self.spec, source.spec
-        return (self.static and source.static and self.device == source.device == "cpu"
+        return (self.static and source.static and self.device == source.device
                 and (a.num_layers, a.num_kv_heads, a.head_dim, a.dtype) == (b.num_layers, b.num_kv_heads,
                                                                             b.head_dim, b.dtype))
 
-    def adopt(self, source: "CausalLM", stop: int) -> None:
-        """Extend the valid cache to ``stop`` positions with ``source``'s tokens and K/V there (a self-draft
-        reading its target's cache, which holds the same layers' keys and values of a better model: the draft
-        then never reads the prompt itself). ``source``'s tokens must extend this model's."""
-        start = self.length
-        if stop <= start:
-            return
-        if not start <= stop <= min(source.length, self.capacity):
-            raise ValueError(f"adopt: positions up to {stop} are not all in the source's cache")
-        self.reserve(stop)
-        for mine, theirs in zip(self._host_views(), source._host_views()):
-            mine[:, :, start:stop] = theirs[:, :, start:stop]
-        self.tokens.extend(source.tokens[start:stop])
-        if self.adopted == start:
-            self.adopted = stop
+    def share_cache(self, source: "CausalLM") -> None:
+        """Run on ``source``'s KV buffers instead of buffers of its own: a self-draft (the target's weights
+        quantized, so the same layers' keys and values) over its target's cache. The draft then reads the
+        target's keys and values for everything the target has verified — it never reads the prompt, and it
+        drafts from the better model's cache — and nothing is copied: its valid prefix is set by ``follow``.
 
-    def _host_views(self) -> list:
-        """NumPy views of a host-resident static cache (rebuilt when reserve replaced the buffers)."""
-        if self._views is None or self._views[0] is not self._past:
-            self._views = (self._past, [v.numpy() for v in self._past])
-        return self._views[1]
+        Why sharing is safe: the draft writes only at positions from the target's valid length on (``follow``
+        never sets a longer prefix), and the target's next pass writes its own keys and values at every
+        position it reads beyond its valid length before reading them; positions past a valid length are
+        never read (rollback by length). So the target never reads the draft's keys and values.
+        """
+        if not self.can_share(source):
+            raise ValueError("share_cache needs two static caches on one device with the same layers, KV heads, "
+                             "head size and dtype")
+        self._cache_owner = source
+        self._past, self._stored, self._binding = list(self._empty), 0, None
+        self._follow_owner()
+
+    def _follow_owner(self) -> None:
+        """A model sharing another's cache binds that model's current buffers (which ``reserve`` may replace)."""
+        owner = self._cache_owner
+        if owner is not None and self._past is not owner._past:
+            self._past, self._stored, self._binding = owner._past, owner._stored, None
+
+    def follow(self, length: int) -> None:
+        """A model sharing another's cache (``share_cache``): its valid prefix becomes the owner's first
+        ``length`` tokens, whose keys and values the owner computed."""
+        owner = self._cache_owner
+        if owner is None or not 0 <= length <= owner.length:
+            raise ValueError(f"follow: {length} positions are not all in a shared cache's owner")
+        self.tokens = owner.tokens[:length]
+        self.canonical_length = 0  # (meaningful for targets only)
 
     def prefill(self, ids: Sequence[int], keep: int | None = None) -> np.ndarray:
         self.reset()
@@ -332,13 +353,14 @@ class CausalLM:
         self.reserve(first + len(feed))
         rows = self._feed(feed, first, keep + pad)
         # Commit only after every pass succeeded (a failed run leaves the valid prefix as it was).
-        self.tokens = self.tokens[:start] + ids
+        self.tokens[start:] = ids
         return rows[:keep] if pad else rows
 
     def forward_rows(self, ids: Sequence[int], keep: int | None = None):
         """``forward`` for a decoding round: with logits kept on the device, the rows come back as DeviceRows
-        (only what the sampling rules read reaches the host); otherwise as the float32 array of ``forward``."""
-        if not self.logits_on_device:
+        (only what the sampling rules read reaches the host); with the graph's top entries asked for
+        (``top_k``), as TopRows; otherwise as the float32 array of ``forward``."""
+        if not self.logits_on_device and not (self.top_rows and self.top_k):
             return self.forward(ids, keep)
         self._lazy = True
         try:
@@ -349,9 +371,9 @@ class CausalLM:
     def reference_logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits of a fresh prefill of ``ids`` (same passes and kernels), leaving the cache untouched."""
         ids = [int(t) for t in ids]
-        saved = (self.tokens, self._past, self._stored, self._binding, self.canonical_length)
+        saved = (self.tokens, self._past, self._stored, self._binding, self.canonical_length, self._cache_owner)
         try:
-            self.tokens, self.canonical_length = [], 0
+            self.tokens, self.canonical_length, self._cache_owner = [], 0, None  # fresh buffers, even when shared
             if self.static:
                 size = len(ids) + 1
                 self._past, self._stored, self._binding = self._buffers(size), size, None
@@ -359,12 +381,18 @@ class CausalLM:
                 self._past, self._stored = list(self._empty), 0
             return self.forward(ids)
         finally:
-            self.tokens, self._past, self._stored, self._binding, self.canonical_length = saved
+            self.tokens, self._past, self._stored, self._binding, self.canonical_length, self._cache_owner = saved
 
     def _feed(self, feed: list[int], first: int, rows: int) -> np.ndarray:
         """Run ``feed`` from position ``first`` in passes; logits of its last ``rows`` positions."""
         n = len(feed)
         tile = self.ROW_TILE if self.bitwise else 0
+        if n <= self.CHUNK:  # one pass (every decoding round)
+            kept = min(rows, n)
+            if tile and kept % tile == 1:
+                kept += 1  # the output layer avoids a lone row too
+            logits = self._pass(feed, first, min(n, kept))
+            return logits if kept == rows else logits[-rows:]
         bounds = pass_bounds(n, self.CHUNK, tile)
         out = []
         for a, b in zip(bounds, bounds[1:]):
@@ -379,11 +407,12 @@ class CausalLM:
                 self.progress(b, n)
         if len(out) == 1:
             return out[0]
-        return np.concatenate([o.numpy() if isinstance(o, DeviceRows) else o for o in out])
+        return np.concatenate([o.numpy() if isinstance(o, (DeviceRows, TopRows)) else o for o in out])
 
     def _pass(self, ids: list[int], start: int, keep: int) -> np.ndarray:
         """One graph run over ``ids`` at ``start``; float32 logits of its last ``keep`` positions."""
         if self.static:
+            self._follow_owner()
             if self._binding is None:
                 self._binding = self._bind_static(self._past)
             logits = self._run_static(ids, start + len(ids), keep, self._binding)
@@ -395,7 +424,7 @@ class CausalLM:
                 self.canonical_length = start + len(ids)
         else:
             self.canonical_length = min(self.canonical_length, start)
-        if isinstance(logits, DeviceRows):
+        if isinstance(logits, (DeviceRows, TopRows)):
             return logits
         return self.widen(logits)
 
@@ -444,20 +473,30 @@ class CausalLM:
             feeds[spec.position_ids] = np.arange(start, total, dtype=np.int64)[None, :]
         for name, arr in feeds.items():
             b.bind_cpu_input(name, arr)
-        self._bind_keep(b, len(ids), keep)
+        rows = self._bind_keep(b, len(ids), keep)
         for name, value in zip(self._kv_in, past):
             b.bind_ortvalue_input(name, value)
         lazy = self._lazy
         b.bind_output(spec.logits, self.device if lazy else "cpu", 0)
         for name in self._kv_out:
             b.bind_output(name, self.device, 0)
+        k = self.top_width() if spec.top_logits else 0
+        if k:  # bound last: outputs come back in bind order
+            b.bind_cpu_input(spec.top_logits["k"], np.array([k], dtype=np.int64))
+            slot = self._new_slot(0, rows * k)
+            self._bind_top(b, slot, rows, k)
+            top = (slot[1].reshape(rows, k), slot[2].reshape(rows, k), k)
         self._execute(b)
         out = b.get_outputs()
+        present = list(out[1:1 + len(self._kv_out)])
         if lazy:
-            rows = DeviceRows(self, out[0])
-            return rows[len(rows) - keep:], list(out[1:])
+            if self.logits_on_device:
+                device = DeviceRows(self, out[0], top=top if self.top_k else None)
+                return device[len(device) - keep:], present
+            host = out[0].numpy()[0].astype(np.float32).ravel()
+            return TopRows(self, (host, top[0].ravel(), top[1].ravel()), rows, k, start=rows - keep), present
         logits = out[0].numpy()[0][-keep:]
-        return logits.astype(np.float32), list(out[1:])
+        return logits.astype(np.float32), present
 
     def _execute(self, b) -> None:
         """Run the bound graph, counting the time spent inside onnxruntime."""
@@ -470,23 +509,33 @@ class CausalLM:
             self.run_time_s += time.perf_counter() - t0
 
     def _run_static(self, ids: list[int], total: int, keep: int, b) -> np.ndarray:
-        """One call of a static-cache graph: only ids, lengths and the logits buffer are (re)bound."""
+        """One call of a static-cache graph: only ids, lengths and the output buffers are (re)bound."""
         spec = self.spec
         feed, rows = self._feed_small(b, ids, total, keep)
-        if self._lazy:
-            value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], _NP[spec.dtype],
-                                                              self.device, 0)
-            b.bind_ortvalue_output(spec.logits, value)
-            feed["out"] = None
-            self._execute(b)
-            return DeviceRows(self, value)[rows - keep:]
-        out = self._host_rows(rows)
-        if feed["out"] != (out.ctypes.data, rows) or self.device != "cpu":  # the same buffer: still bound
-            b.bind_output(spec.logits, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
-            feed["out"] = (out.ctypes.data, rows)
+        k = self.top_width() if spec.top_logits else 0
+        if k:
+            feed["top_k"][0] = k
+        slot, index = self._slot(rows, k)
+        on_device = self._lazy and self.logits_on_device
+        key = None if index is None or on_device else (index, rows, k)
+        if key is None or feed["out"] != key or self.device != "cpu":  # else: the same buffers are still bound
+            if on_device:
+                value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], _NP[spec.dtype],
+                                                                  self.device, 0)
+                b.bind_ortvalue_output(spec.logits, value)
+            else:
+                b.bind_output(spec.logits, "cpu", 0, _NP[spec.dtype], [1, rows, spec.vocab_size], slot[3])
+            if k:
+                self._bind_top(b, slot, rows, k)
+            feed["out"] = key
         self._execute(b)
-        rows = out[0, -keep:]
-        return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+        if on_device:
+            top = (slot[1][:rows * k].reshape(rows, k), slot[2][:rows * k].reshape(rows, k), k) if self.top_k else None
+            return DeviceRows(self, value, top=top)[rows - keep:]
+        if self._lazy:  # the graph's top entries of each row beside the rows
+            return TopRows(self, slot, rows, k, start=rows - keep)
+        logits = slot[0][:rows * spec.vocab_size].reshape(rows, spec.vocab_size)[rows - keep:]
+        return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
     def _feed_small(self, b, ids: list[int], total: int, keep: int) -> tuple[dict, int]:
         """Write a pass's small inputs (ids, lengths, rows to keep) into host arrays bound to the static binding
@@ -499,7 +548,8 @@ class CausalLM:
         bind = feed is None or self.device != "cpu"
         if feed is None:
             feed = b.ortspec_feed = {"seqlens": np.zeros(1, np.int32), "total": np.zeros((), np.int32),
-                                     "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None}
+                                     "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None,
+                                     "top_k": np.ones(1, np.int64), "top_out": None}
         bind_ids = bind or feed["ids"].shape[1] != len(ids)
         if feed["ids"].shape[1] != len(ids):
             feed["ids"] = np.zeros((1, len(ids)), np.int64)
@@ -514,32 +564,50 @@ class CausalLM:
             b.bind_cpu_input(spec.total_sequence_length, feed["total"])
             if spec.logits_to_keep is not None:
                 b.bind_cpu_input(spec.logits_to_keep, feed["keep"])
+            if spec.top_logits:
+                b.bind_cpu_input(spec.top_logits["k"], feed["top_k"])
         if bind_ids:
             b.bind_cpu_input(spec.input_ids, feed["ids"])
         return feed, rows
 
-    def _host_rows(self, rows: int) -> np.ndarray:
-        """A [1, rows, vocab] host array for the logits to be written into.
+    def top_width(self) -> int:
+        """Top entries the next pass brings back per row: ``top_k`` in decoding passes, else 1 (the graph's
+        TopK input must be fed; one entry is the cheapest)."""
+        return max(1, min(self.top_k if self._lazy and self.top_rows else 1, self.spec.vocab_size))
 
-        Small requests get a view of one of HOST_BUFFERS reusable buffers that no array handed out earlier
-        still refers to (numpy views keep their buffer referenced, so the reference count tells): the logits
-        are returned without a copy, and a buffer is written again only once nothing can read it. A buffer
-        already touched also spares the page faults of fresh memory.
+    def _bind_top(self, b, slot: tuple, rows: int, k: int) -> None:
+        """Bind the graph's TopK outputs to a slot's host arrays as [1, rows, k] (copied there from any device)."""
+        names = self.spec.top_logits
+        b.bind_output(names["values"], "cpu", 0, np.float32, [1, rows, k], slot[4])
+        b.bind_output(names["ids"], "cpu", 0, np.int64, [1, rows, k], slot[5])
+
+    def _slot(self, rows: int, k: int) -> tuple[tuple, int | None]:
+        """Host arrays for a pass's outputs — flat logits (rows x vocabulary), top values and top columns
+        (rows x k), and their addresses — and the slot's index among the reusable ones (None: one-off arrays).
+
+        Small passes get one of HOST_BUFFERS reusable slots that no array handed out earlier still refers to
+        (what the caller holds refers to the slot's arrays, so the reference count tells): the logits are
+        returned without a copy, a slot is written again only once nothing can read it, and a slot already
+        touched spares the page faults of fresh memory. A pass with the slot and shapes of the pass before
+        is still bound.
         """
-        width, dtype = self.spec.vocab_size, _NP[self.spec.dtype]
-        need = rows * width
-        if rows > self.HOST_ROWS:
-            return np.empty((1, rows, width), dtype=dtype)  # freed after use: nothing grows with use
-        for i in range(len(self._host)):  # (not enumerate: its reused tuple would hold one more reference)
-            buf = self._host[i]
-            if sys.getrefcount(buf) <= 3:  # the list, ``buf``, the call: nobody else holds it
-                if buf.size < need:
-                    buf = self._host[i] = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
-                return buf[:need].reshape(1, rows, width)
-        buf = np.empty(min(self.HOST_ROWS, max(rows, 17)) * width, dtype=dtype)
-        if len(self._host) < self.HOST_BUFFERS:
-            self._host.append(buf)
-        return buf[:need].reshape(1, rows, width)
+        width = self.spec.vocab_size
+        if rows > self.HOST_ROWS or k > self.TOP_MAX:
+            return self._new_slot(rows * width, rows * max(k, 1)), None
+        pool = self._host
+        for i in range(len(pool)):  # (not enumerate: its reused tuple would hold one more reference)
+            buf = pool[i][0]
+            if sys.getrefcount(buf) <= 3:  # the slot, ``buf``, the call: nobody else holds it
+                return pool[i], i
+        slot = self._new_slot(self.HOST_ROWS * width, self.HOST_ROWS * self.TOP_MAX)
+        if len(pool) < self.HOST_BUFFERS:
+            pool.append(slot)
+            return slot, len(pool) - 1
+        return slot, None
+
+    def _new_slot(self, size: int, top: int) -> tuple:
+        arrays = (np.empty(size, dtype=_NP[self.spec.dtype]), np.empty(top, np.float32), np.empty(top, np.int64))
+        return arrays + tuple(a.ctypes.data for a in arrays)
 
     def _trimmed(self, length: int) -> list:
         """The cache tensors cut to ``length`` positions (device-side Slice)."""
@@ -577,6 +645,9 @@ class CausalLM:
         if spec.position_ids:
             need_in.append(spec.position_ids)
         need_out = [spec.logits] + [n for p in spec.kv_outputs for n in p]
+        if spec.top_logits:
+            need_in.append(spec.top_logits["k"])
+            need_out += [spec.top_logits["values"], spec.top_logits["ids"]]
         missing = [n for n in need_in if n not in inputs] + [n for n in need_out if n not in outputs]
         if missing:
             from .errors import BundleError
@@ -593,11 +664,16 @@ class DeviceRows:
     that need more. Indexing gives a DeviceRow; slicing a view of fewer rows sharing the same results.
     """
 
-    def __init__(self, lm: "CausalLM", value, start: int = 0, stop: int | None = None, shared: dict | None = None):
+    def __init__(self, lm: "CausalLM", value, start: int = 0, stop: int | None = None, shared: dict | None = None,
+                 top: tuple | None = None):
         self.lm, self.value = lm, value
         self.start = start
         self.stop = value.shape()[1] if stop is None else stop
         self._shared = shared if shared is not None else {"top": {}, "host": None}
+        if top is not None:  # the graph's own TopK of these rows: (values, columns, K), already on the host
+            values, cols, k = top
+            self._shared["top"][k] = _top_entries(lm, values, cols, k)
+            lm.rows_read += values.shape[0]
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -633,6 +709,8 @@ class DeviceRows:
         width = self.value.shape()[2]
         k = min(int(k), width)
         found = self._shared["top"].get(k)
+        if found is None:  # the graph's TopK found at least as many: they serve (more entries than asked is fine)
+            found = next((f for have, f in self._shared["top"].items() if have >= k), None)
         if found is None:
             lm = self.lm
             b = lm._topk.io_binding()
@@ -652,13 +730,87 @@ class DeviceRows:
         return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
 
 
+def _top_entries(lm: "CausalLM", values: np.ndarray, cols: np.ndarray, k: int) -> tuple:
+    """(token ids, values, bound) of rows' K largest entries as the graph's TopK returned them."""
+    bound = values[:, -1] if k < lm.spec.vocab_size else np.full(values.shape[0], -np.inf, dtype=np.float32)
+    return lm.token_ids(cols), values, bound
+
+
+class TopRows:
+    """Logits rows on the host beside the graph's TopK of each (the K largest entries, descending, and a bound
+    every other entry is at most): the sampling rules read a row's top entries (``top``) where they settle it,
+    and the whole row (``numpy``) where they do not. The same interface as DeviceRows. It holds a pass's host
+    slot (flat arrays) and touches NumPy only when asked for: right after a pass every NumPy call is slow."""
+
+    def __init__(self, lm: "CausalLM", slot: tuple, rows: int, k: int, start: int = 0, stop: int | None = None):
+        self.lm, self.k, self.rows = lm, k, rows
+        self.logits, self.values, self.cols = slot[0], slot[1], slot[2]  # (held: the slot stays out of use)
+        self.start, self.stop = start, rows if stop is None else stop
+        lm.rows_read += self.stop - self.start
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        n = len(self)
+        if isinstance(i, slice):
+            a, b, step = i.indices(n)
+            if step != 1:
+                raise IndexError("TopRows slices take consecutive rows")
+            if a == 0 and b == n:
+                return self
+            rows = TopRows.__new__(TopRows)
+            rows.__dict__.update(self.__dict__)
+            rows.start, rows.stop = self.start + a, self.start + max(a, b)
+            return rows
+        i = int(i) + (n if int(i) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} of {n}")
+        return DeviceRow(self, i)
+
+    def numpy(self) -> np.ndarray:
+        width = self.lm.spec.vocab_size
+        host = self.logits[:self.rows * width].reshape(self.rows, width)[self.start:self.stop]
+        return self.lm.widen(host if host.dtype == np.float32 else host.astype(np.float32))
+
+    def copy(self) -> np.ndarray:
+        return self.numpy().copy()
+
+    def top(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Token ids, values and bound of each row's largest entries: the graph's K of them when K >= ``k``
+        (more than asked for is fine), else the ``k`` largest found on the host."""
+        if min(int(k), self.lm.spec.output_vocab) > self.k:
+            rows = self.numpy()
+            ids = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+            values = np.take_along_axis(rows, ids, axis=1)
+            bound = values[:, -1] if k < rows.shape[1] else np.full(rows.shape[0], -np.inf, dtype=np.float32)
+            return ids, values, bound
+        n, k = self.rows, self.k
+        ids, values, bound = _top_entries(self.lm, self.values[:n * k].reshape(n, k),
+                                          self.cols[:n * k].reshape(n, k), k)
+        return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
+
+    def row_top(self, i: int, k: int) -> tuple[list, list, float]:
+        """``top`` of one row as Python lists (what the sampling rules read, without NumPy calls)."""
+        if min(int(k), self.lm.spec.output_vocab) > self.k:
+            ids, values, bound = self.top(k)
+            return ids[i].tolist(), values[i].tolist(), float(bound[i])
+        j, k = (self.start + i) * self.k, self.k
+        values = self.values[j:j + k].tolist()
+        cols = self.cols[j:j + k]
+        ids = cols.tolist() if self.lm._subset is None else self.lm.token_ids(cols).tolist()
+        return ids, values, values[-1] if k < self.lm.spec.vocab_size else -math.inf
+
+
 class DeviceRow:
     """One row of DeviceRows (what ``rows[i]`` of a host array would be)."""
 
     def __init__(self, rows: DeviceRows, i: int):
         self.rows, self.i = rows, i
 
-    def top(self, k: int) -> tuple[np.ndarray, np.ndarray, float]:
+    def top(self, k: int) -> tuple:
+        if isinstance(self.rows, TopRows):
+            return self.rows.row_top(self.i, k)
         ids, values, bound = self.rows.top(k)
         return ids[self.i], values[self.i], float(bound[self.i])
 

@@ -235,27 +235,49 @@ def test_a_long_prompt_gets_its_first_token_from_the_target_alone(pair_bundle, m
 
 # -- a self-draft reading its target's cache ---------------------------------------------------------------------
 
-def test_adopt_takes_the_sources_keys_and_values_bit_for_bit(llama_bundle, pair_bundle):
+def test_a_shared_cache_gives_the_sources_bits_and_never_disturbs_them(llama_bundle, pair_bundle):
+    """A model on another's KV buffers (share_cache): over the owner's prefix it computes the owner's own bits,
+    what it writes past the owner's valid length never changes what the owner computes next, it follows the
+    owner's buffers when they grow, and only a cache of the same layout on the same device can be shared."""
     from ortspec.bundle import load_bundle
     from ortspec.model import CausalLM
     b = load_bundle(llama_bundle)
     path = str(b.file(b.target.path))
     source, twin = CausalLM(b.target, path), CausalLM(b.target, path)
-    ids = [1] + list(range(3, 40))
-    source.forward(ids)
-    twin.forward(ids[:5])  # a few positions of its own, then the rest from the source
-    twin.adopt(source, 30)
-    assert twin.tokens == ids[:30] and twin.adopted == 0  # its first 5 positions are its own
-    twin.rollback(0)
-    twin.adopt(source, 30)
-    assert twin.tokens == ids[:30] and twin.adopted == 30
-    # the next positions, computed over the adopted cache, are the source's own bits
-    assert np.array_equal(twin.forward(ids[30:32]), source.reference_logits(ids[:32])[30:32])
-    with pytest.raises(ValueError, match="not all in the source's cache"):
-        twin.adopt(source, 39)
+    ids = [1] + list(range(3, 60))
+    fresh = source.reference_logits(ids)
+    source.forward(ids[:30])
+    twin.share_cache(source)
+    twin.follow(30)
+    assert twin.tokens == ids[:30]
+    assert np.array_equal(twin.forward(ids[30:32]), fresh[30:32])  # over the owner's keys and values
+    twin.forward([7, 8, 9])  # written past the owner's valid length (positions 32..34)
+    assert np.array_equal(source.forward(ids[30:36]), fresh[30:36])  # the owner's own values, bit for bit
+    source.reserve(source._stored + 300)  # the owner's buffers are replaced: the twin follows them
+    twin.follow(36)
+    assert np.array_equal(twin.forward(ids[36:38]), fresh[36:38])
+    with pytest.raises(ValueError, match="not all in a shared cache"):
+        twin.follow(source.length + 1)
     other = load_bundle(pair_bundle)
     lm = CausalLM(other.draft, str(other.file(other.draft.path)))
-    assert twin.can_adopt(source) and (lm.can_adopt(source) == (other.draft.kv_cache == "static"))
+    assert lm.can_share(source) == (other.draft.kv_cache == "static")
+
+
+def test_sharing_negative_control_a_draft_writing_below_the_owners_length_is_caught(llama_bundle):
+    """What makes sharing safe is that the draft writes only from the owner's valid length on: a draft that
+    wrote inside the owner's valid prefix would change the owner's next logits, and the comparison sees it."""
+    from ortspec.bundle import load_bundle
+    from ortspec.model import CausalLM
+    b = load_bundle(llama_bundle)
+    path = str(b.file(b.target.path))
+    source, twin = CausalLM(b.target, path), CausalLM(b.target, path)
+    ids = [1] + list(range(3, 60))
+    fresh = source.reference_logits(ids)
+    source.forward(ids[:30])
+    twin.share_cache(source)
+    twin.follow(20)
+    twin.forward([7, 8, 9])  # positions 20..22, inside the owner's 30
+    assert not np.array_equal(source.forward(ids[30:32]), fresh[30:32])
 
 
 def test_a_self_draft_never_reads_the_prompt(llama_bundle, pair_bundle):

@@ -58,7 +58,7 @@ def main() -> int:
                 or other.draft.vocab_size != gen.target.spec.vocab_size:
             ap.error(f"{root} does not share {args.base}'s tokenizer and vocabulary")
         lm = CausalLM(other.draft, str(other.file(other.draft.path)), thread_pool="shared")
-        source = gen.target if base_drafter.source is not None and lm.can_adopt(gen.target) else None
+        source = gen.target if base_drafter.source is not None and lm.can_share(gen.target) else None
         twin = gen.sibling("model")
         twin.drafter = SpeculativeGenerator._model_drafter("model", lm, base_drafter.window, source)
         gens[f"{n} {root}"] = twin

@@ -1,0 +1,130 @@
+"""The graph's own TopK (``top_logits``): every exported graph returns each kept row's largest entries beside the
+logits, decoding reads those instead of searching whole rows on the host, and the output is the same bits as
+reading the whole rows. Bundles exported before it (no TopK) keep working."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+from ortspec import SpeculativeGenerator
+from ortspec.bundle import MANIFEST, load_bundle, sha256_file
+from ortspec.errors import BundleError
+from ortspec.logits import Dist, LogitsPipeline, _inverse_cdf, inverse_cdf_list, min_mass_lists
+from ortspec.config import SamplingConfig
+from ortspec.model import CausalLM, TopRows
+from test_device_rows import SETTINGS, _ids, _run
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_graphs_return_each_rows_largest_entries(pair_bundle, role):
+    """The TopK outputs hold the K largest logits of each kept row, descending, ties by the lower id, and
+    the manifest names them."""
+    b = load_bundle(pair_bundle)
+    spec = getattr(b, role)
+    assert spec.top_logits == {"k": "logits_top_k", "values": "top_values", "ids": "top_ids"}
+    lm = CausalLM(spec, str(b.file(spec.path)))
+    lm.top_k = 9
+    lm.forward(_ids(6, 0, 128))
+    rows = lm.forward_rows([5, 7, 5, 9], keep=3)
+    assert isinstance(rows, TopRows) and len(rows) == 3
+    full = rows.numpy()
+    ids, values, bound = rows.top(9)
+    for i in range(3):
+        order = np.lexsort((np.arange(full.shape[1]), -full[i]))[:9]  # descending, lower id first on ties
+        assert np.array_equal(ids[i], order) and np.array_equal(values[i], full[i][order])
+        assert bound[i] == values[i][-1] and np.all(np.delete(full[i], order) <= bound[i])
+        as_lists = rows[i].top(9)
+        assert as_lists[0] == order.tolist() and as_lists[1] == full[i][order].tolist() and as_lists[2] == bound[i]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_top_rows_give_the_same_tokens_as_whole_rows(pair_bundle, setting):
+    """Decoding on the CPU reads the graph's top entries (logits="auto") where the rules settle a row from them,
+    and whole rows otherwise: the same tokens, bit for bit, as reading every row whole (logits="host")."""
+    top = SpeculativeGenerator.load(pair_bundle)
+    host = SpeculativeGenerator.load(pair_bundle, logits="host")
+    assert top.target.top_rows and not host.target.top_rows
+    prompts = [_ids(6 + 3 * j, j, 128) for j in range(4)]
+    top.target.rows_read = 0
+    assert _run(top, setting, prompts) == _run(host, setting, prompts)
+    if top.target.top_k:  # rows came with their top entries
+        assert top.target.rows_read > 0
+
+
+def test_a_bundle_without_top_outputs_still_decodes(pair_bundle, tmp_path):
+    """A bundle exported before the graphs had a TopK: no top_logits in the manifest, no such input or
+    outputs in the graphs. It loads and decodes the same tokens as the bundle with them."""
+    import onnx
+    old = tmp_path / "old"
+    shutil.copytree(pair_bundle, old)
+    manifest = json.loads((old / MANIFEST).read_text())
+    for spec in manifest["models"].values():
+        path = old / spec["path"]
+        model = onnx.load(str(path), load_external_data=False)
+        graph = model.graph
+        keep = [n for n in graph.node if n.op_type != "TopK"]
+        del graph.node[:]
+        graph.node.extend(keep)
+        for field, name in (("input", "logits_top_k"), ("output", "top_values"), ("output", "top_ids")):
+            values = [v for v in getattr(graph, field) if v.name != name]
+            del getattr(graph, field)[:]
+            getattr(graph, field).extend(values)
+        onnx.save(model, str(path))
+        spec.pop("top_logits")
+        spec["sha256"][path.name] = sha256_file(path)
+        spec["size_bytes"][path.name] = path.stat().st_size
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    before = SpeculativeGenerator.load(old)
+    assert before.target.spec.top_logits is None and not before.target.top_rows
+    now = SpeculativeGenerator.load(pair_bundle)
+    prompts = [_ids(6 + 3 * j, j, 128) for j in range(3)]
+    for setting in ("greedy", "qwen defaults", "temperature only"):
+        assert _run(before, setting, prompts) == _run(now, setting, prompts), setting
+
+
+def test_a_malformed_top_logits_entry_is_refused(pair_bundle, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(pair_bundle, bad)
+    manifest = json.loads((bad / MANIFEST).read_text())
+    manifest["models"]["target"]["top_logits"] = {"k": "logits_top_k", "values": 3}
+    (bad / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="top_logits is malformed"):
+        load_bundle(bad)
+
+
+def test_top_entries_wanted_per_setting():
+    """How many top entries a pipeline reads: greedy and top-k settings a few (with the margin), settings that
+    need whole rows none."""
+    def wanted(**kw):
+        return LogitsPipeline(SamplingConfig(**kw), 1000).top_entries()
+    margin = LogitsPipeline.TOP_MARGIN
+    assert wanted(do_sample=False) == 1 + margin
+    assert wanted(do_sample=True, top_k=20, top_p=0.8, repetition_penalty=1.05) == 20 + margin
+    assert wanted(do_sample=True, top_k=0) == 0                        # temperature only: whole rows
+    assert wanted(do_sample=True, top_k=2000) == 0                     # beyond the lean path
+    assert wanted(do_sample=True, top_k=20, repetition_penalty=0.8) == 0  # a penalty below 1 raises entries
+
+
+def test_small_dists_draw_and_overlap_as_the_array_forms():
+    """The list forms used for small supports: the same draw as the array inverse CDF for the same uniform
+    number, and the same sum of min(p, q)."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        w = rng.random(n) * (rng.random(n) < 0.7)
+        if not w.any():
+            continue
+        u = float(rng.random())
+        assert inverse_cdf_list(w.tolist(), u) == _inverse_cdf(w, u)
+    p = Dist.from_probs(np.array([0.1, 0.0, 0.5, 0.4, 0.0]))
+    q = Dist.from_probs(np.array([0.3, 0.3, 0.0, 0.2, 0.2]))
+    assert p.small and q.small
+    arrays = Dist.from_probs(np.array([0.1, 0.0, 0.5, 0.4, 0.0]), small=False)
+    assert not arrays.small and arrays.sparse
+    assert math.isclose(p.min_mass(q), arrays.min_mass(q), rel_tol=1e-12)
+    assert math.isclose(min_mass_lists(p.tokens, p.plist, q.tokens, q.plist), 0.1 + 0.2, rel_tol=1e-12)
+    assert p.prob(2) == 0.5 and p.prob(1) == 0.0 and p.prob(7) == 0.0

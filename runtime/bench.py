@@ -285,15 +285,68 @@ def micro_rows(kind: str, vocab: int, n: int, seed: int) -> np.ndarray:
     return rows.astype(np.float32)
 
 
+class _GraphRows:
+    """Synthetic rows as a pass returns them with the graph's TopK: each row's largest entries (found here,
+    untimed, as the graph finds them inside the pass) beside the whole row."""
+
+    def __init__(self, rows: np.ndarray, k: int):
+        self.rows, self.k = rows, k
+        k = min(k, rows.shape[1])
+        cols = np.argpartition(-rows, k - 1, axis=1)[:, :k] if k < rows.shape[1] else \
+            np.tile(np.arange(rows.shape[1]), (rows.shape[0], 1))
+        order = np.lexsort((cols, -np.take_along_axis(rows, cols, axis=1)), axis=1)
+        self.cols = np.take_along_axis(cols, order, axis=1)
+        self.values = np.take_along_axis(rows, self.cols, axis=1)
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            part = _GraphRows.__new__(_GraphRows)
+            part.rows, part.k, part.cols, part.values = self.rows[i], self.k, self.cols[i], self.values[i]
+            return part
+        return _GraphRow(self, i)
+
+    def top(self, k: int):
+        """(ids, values, bound) arrays of every row, as DeviceRows.top."""
+        return self.cols, self.values, self.values[:, -1]
+
+
+class _GraphRow:
+    def __init__(self, rows: _GraphRows, i: int):
+        self.rows_, self.i = rows, i
+
+    def top(self, k: int) -> tuple[list, list, float]:
+        r = self.rows_
+        if k > r.k:
+            raise ValueError(f"asked for {k} top entries, the pass returned {r.k}")
+        values = r.values[self.i].tolist()
+        return r.cols[self.i].tolist(), values, values[-1] if r.k < r.rows.shape[1] else -np.inf
+
+    def numpy(self) -> np.ndarray:
+        return self.rows_.rows[self.i]
+
+
+MICRO_ROWS = ("top", "whole")
+
+
 def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context: int = 500,
-                settings: dict | None = None, cold_mb: int = 0) -> list[dict]:
+                settings: dict | None = None, cold_mb: int = 0, rows: str = "top") -> list[dict]:
     """Milliseconds of host math per speculative round: gamma draft rows (distribution + sample), then
     verification of gamma + 1 target rows, for peaked and flat rows; "all accepted" makes every target row
     needed (the worst case), "first rejected" the residual path. ``cold_mb``: that many MB are streamed
     through the caches (untimed) before each draft row and before the verification, as the model pass
     before each of them does in decoding (it streams the weights: 135 MB for SmolLM2's 8-bit draft, 540 MB
     for its fp32 target); the host math then costs several times its warm cost, the more so the more is
-    streamed on a CPU with a large shared L3."""
+    streamed on a CPU with a large shared L3.
+
+    ``rows``: "top" (default) hands the pipelines rows as a pass of a current bundle returns them, with each
+    row's largest entries found by the graph (as many as the pipeline asks for; found untimed, since the graph
+    finds them inside the pass); "whole" hands whole rows only (bundles exported before the graph's TopK,
+    or ``logits="host"``)."""
+    if rows not in MICRO_ROWS:
+        raise ValueError(f"rows must be one of {', '.join(MICRO_ROWS)}, got {rows!r}")
     from .config import SamplingConfig, draft_sampling
     from .logits import LogitsPipeline
     from .verify import greedy_verify, verify_dists
@@ -311,6 +364,14 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
                     target_rows = micro_rows(kind, vocab, gamma + 1, seed=r)
                     draft_rows = target_rows[:gamma].copy() if case == "all accepted" else \
                         micro_rows(kind, vocab, gamma, 99 + r)
+                    if rows == "top":  # what each pass returns beside its rows (found untimed, as in the graph)
+                        for pipeline in (pipe, draft_pipe):
+                            if not pipeline.top_entries():
+                                continue
+                            if pipeline is pipe:
+                                target_rows = _GraphRows(target_rows, pipe.top_entries())
+                            else:
+                                draft_rows = _GraphRows(draft_rows, draft_pipe.top_entries())
                     rng = np.random.default_rng(r)
                     spent, tokens, dists = 0.0, [], []
                     for i in range(gamma + 1):  # gamma draft steps, then the verification
@@ -331,7 +392,7 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
                         spent += time.perf_counter() - t0
                     times.append(spent)
                 out.append({"setting": name, "rows": kind, "case": case, "vocab": vocab, "gamma": gamma,
-                            "cold_mb": int(cold_mb), "ms_per_round": 1000 * float(np.median(times)),
+                            "cold_mb": int(cold_mb), "read": rows, "ms_per_round": 1000 * float(np.median(times)),
                             "p90_ms": 1000 * float(np.percentile(times, 90))})
     return out
 
@@ -341,8 +402,11 @@ def format_micro(rows: list[dict]) -> str:
     caches = (f"{rows[0]['cold_mb']} MB streamed through the caches before each draft row and before the "
               "verification, as by the model passes" if rows[0].get("cold_mb") else
               "warm caches (--cold: as after a model pass)")
+    read = ("rows with the graph's top entries (current bundles)" if rows[0].get("read", "top") == "top"
+            else "whole rows (bundles without the graph's TopK, or logits='host')")
     lines = [f"host math per round: gamma = {rows[0]['gamma']} ({rows[0]['gamma']} draft rows, up to "
-             f"{rows[0]['gamma'] + 1} target rows), vocabulary {rows[0]['vocab']}, {caches}", head, "-" * len(head)]
+             f"{rows[0]['gamma'] + 1} target rows), vocabulary {rows[0]['vocab']}, {read}, {caches}", head,
+             "-" * len(head)]
     for r in rows:
         lines.append(f"{r['setting']:<30}{r['rows']:<8}{r['case']:<16}{r['ms_per_round']:>9.3f}{r['p90_ms']:>8.3f}")
     return "\n".join(lines)

@@ -76,10 +76,10 @@ def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", g
                        help="the draft model reads a long context as its first tokens plus about the last N "
                             "(0: all of it). Never changes the output. Default 512")
         g.add_argument("--draft-kv", default="auto", choices=["auto", "own"],
-                       help="auto: a self-draft (the target's weights quantized) reads the target's keys and values "
-                            "for the committed text, so it never reads the prompt and drafts from the better cache "
-                            "(CPU; --draft-window then does not apply); own: the draft computes its own. Never "
-                            "changes the output. Default auto")
+                       help="auto: a self-draft (the target's weights quantized) runs on the target's KV cache and "
+                            "reads the target's keys and values for the committed text, so it never reads the prompt "
+                            "and drafts from the better cache (--draft-window then does not apply); own: the draft "
+                            "keeps and computes its own. Never changes the output. Default auto")
     g.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="onnxruntime execution provider")
     g.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: onnxruntime's)")
 
@@ -207,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(it streams the model's weights: give their size): the host cost decoding pays, several "
                         "times the warm cost")
     p.add_argument("--rounds", type=int, default=30, help="--micro: rounds measured per setting and case (default 30)")
+    p.add_argument("--rows", default="top", choices=["top", "whole"],
+                   help="--micro: top (default): rows as current bundles' passes return them, with each row's largest "
+                        "entries found by the graph; whole: whole rows only (bundles exported without the graph's "
+                        "TopK, or logits='host')")
     p.add_argument("--out", help="write the report as JSON")
     p.add_argument("--plot", help="write speedup vs gamma and per-position acceptance as PNG (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
@@ -433,7 +437,7 @@ def cmd_bench(args) -> int:
             raise ValueError("--vocab must be >= 2 and --gamma >= 1")
         if args.rounds < 1 or args.cold < 0:
             raise ValueError("--rounds must be >= 1 and --cold MB >= 0")
-        rows = micro_bench(vocab=vocab, gamma=args.gamma, repeats=args.rounds, cold_mb=args.cold)
+        rows = micro_bench(vocab=vocab, gamma=args.gamma, repeats=args.rounds, cold_mb=args.cold, rows=args.rows)
         if args.out:
             Path(args.out).write_text(json.dumps(rows, indent=2))
         print(json.dumps(rows, indent=2) if args.json else format_micro(rows))

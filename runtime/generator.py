@@ -187,10 +187,12 @@ class SpeculativeGenerator:
         (both models on onnxruntime's process-wide pool, as the commands run; about as fast, but onnxruntime
         then requires every later session in the process to use it, and export must run in another process).
 
-        logits: where a decoding round's logits rows stay. "device" leaves them on the execution provider's
-        device and reads only each row's largest entries there (greedy and top-k sampling; other settings
-        copy the rows); "host" copies every row; "auto" (default) is "device" on CUDA and "host" on the CPU.
-        Output is the same bits either way.
+        logits: how a decoding round reads its logits rows. Each pass also returns every kept row's largest
+        entries (the graph's TopK; bundles exported before it lack them), which settle greedy and top-k sampling
+        without reading the row. "device" leaves the rows on the execution provider's device and copies a row
+        only where its top entries do not settle it; "host" reads every row whole; "auto" (default) is "device"
+        on CUDA and, on the CPU, rows in host memory read through their top entries. Output is the same bits
+        every way.
 
         draft_window: the draft model reads a long context as its first tokens plus about this many recent
         ones (None: all of it). A long prompt then costs the draft a window's prefill and its steps attend over

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 
 def _bench(bundle: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     prompts = tmp_path / "p.jsonl"
@@ -97,12 +99,25 @@ def test_micro_bench_reports_each_setting_warm_and_cold(tmp_path):
     sampled), with --cold the caches evicted between the round's pieces (and said so); bad input is refused."""
     from ortspec.bench import MICRO_SETTINGS, format_micro, micro_bench
     settings = {k: MICRO_SETTINGS[k] for k in ("greedy", "top-p 0.9", "qwen (T0.7 p0.8 k20 rep1.05)")}
-    for cold in (0, 8):
-        rows = micro_bench(vocab=3000, gamma=2, repeats=2, settings=settings, cold_mb=cold)
-        assert [(r["setting"], r["rows"], r["case"]) for r in rows] == [
-            (s, k, c) for s in settings for k in ("peaked", "flat") for c in ("all accepted", "first rejected")]
-        assert all(r["cold_mb"] == cold and r["ms_per_round"] > 0 and r["p90_ms"] >= r["ms_per_round"] for r in rows)
-        assert ("8 MB streamed through the caches" in format_micro(rows)) is bool(cold)
+    import ortspec.bench as bench
+    reads = []
+    top = bench._GraphRow.top
+    bench._GraphRow.top = lambda self, k: reads.append(k) or top(self, k)
+    try:
+        for cold, read in ((0, "top"), (8, "top"), (0, "whole")):
+            reads.clear()
+            rows = micro_bench(vocab=3000, gamma=2, repeats=2, settings=settings, cold_mb=cold, rows=read)
+            assert [(r["setting"], r["rows"], r["case"]) for r in rows] == [
+                (s, k, c) for s in settings for k in ("peaked", "flat") for c in ("all accepted", "first rejected")]
+            assert all(r["cold_mb"] == cold and r["read"] == read and r["ms_per_round"] > 0
+                       and r["p90_ms"] >= r["ms_per_round"] for r in rows)
+            assert ("8 MB streamed through the caches" in format_micro(rows)) is bool(cold)
+            assert ("graph's top entries" in format_micro(rows)) is (read == "top")
+            assert bool(reads) is (read == "top")  # top mode: the rules read the entries the graph found
+    finally:
+        bench._GraphRow.top = top
+    with pytest.raises(ValueError, match="rows must be one of"):
+        micro_bench(vocab=300, gamma=1, repeats=1, settings=settings, rows="some")
     out = tmp_path / "m.json"
     proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", "-", "--micro", "--vocab", "500",
                            "--gamma", "1", "--rounds", "1", "--cold", "16", "--out", str(out)], capture_output=True, text=True)

@@ -37,7 +37,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
             "head_dim": spec.head_dim, "vocab_size": spec.vocab_size, "max_positions": spec.max_positions,
             "dtype": spec.dtype, "quantization": spec.quantization, "source": spec.source,
             "size_bytes": sum(f["size_bytes"] for f in files.values()), "files": files,
-            "io": raw[role].get("io", {}), "vocab_subset": spec.vocab_subset,
+            "io": raw[role].get("io", {}), "vocab_subset": spec.vocab_subset, "top_logits": spec.top_logits,
         }
     compat = "no draft (target only)"
     if bundle.draft is not None:
@@ -82,11 +82,15 @@ def format_report(r: dict) -> str:
             lines.append(f"    in  {n} {ins[n]}")
         if kv:
             lines.append(f"    in  {kv[0]} .. {kv[-1]} ({len(kv)} tensors) {ins[kv[0]]}")
-        for n in [n for n in outs if not n.startswith("present.")][:2]:
+        for n in [n for n in outs if not n.startswith("present.")]:
             lines.append(f"    out {n} {outs[n]}")
         pres = [n for n in outs if n.startswith("present.")]
         if pres:
             lines.append(f"    out {pres[0]} .. {pres[-1]} ({len(pres)} tensors) {outs[pres[0]]}")
+        lines.append("    top entries: " + ("each kept row's largest logits come with the pass (decoding reads those)"
+                                           if m.get("top_logits") else
+                                           "none (exported before graphs had them: rows are read whole; re-export "
+                                           "to read only their largest entries)"))
     defaults = r.get("generation_defaults") or {}
     force = r.get("sampling_in_force") or {}
     lines.append("  sampling when a call sets nothing: " + ", ".join(

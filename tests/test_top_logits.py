@@ -80,6 +80,9 @@ def test_a_bundle_without_top_outputs_still_decodes(pair_bundle, tmp_path):
     (old / MANIFEST).write_text(json.dumps(manifest))
     before = SpeculativeGenerator.load(old)
     assert before.target.spec.top_logits is None and not before.target.top_rows
+    from ortspec.inspect import format_report, inspect_bundle
+    assert "top entries: none (exported before" in format_report(inspect_bundle(str(old)))
+    assert "largest logits come with the pass" in format_report(inspect_bundle(str(pair_bundle)))
     now = SpeculativeGenerator.load(pair_bundle)
     prompts = [_ids(6 + 3 * j, j, 128) for j in range(3)]
     for setting in ("greedy", "qwen defaults", "temperature only"):

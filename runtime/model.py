@@ -655,7 +655,32 @@ class CausalLM:
                               "the manifest does not describe this graph, re-export the bundle")
 
 
-class DeviceRows:
+class _Rows:
+    """Consecutive logits rows of one pass: ``rows[i]`` is a DeviceRow, ``rows[a:b]`` a view of fewer rows."""
+
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        n = len(self)
+        if isinstance(i, slice):
+            a, b, step = i.indices(n)
+            if step != 1:
+                raise IndexError(f"{type(self).__name__} slices take consecutive rows")
+            return self if (a, b) == (0, n) else self._view(self.start + a, self.start + max(a, b))
+        i = int(i) + (n if int(i) < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} of {n}")
+        return DeviceRow(self, i)
+
+    def _view(self, start: int, stop: int) -> "_Rows":
+        raise NotImplementedError
+
+
+class DeviceRows(_Rows):
     """Logits rows left on the device where the graph wrote them (an OrtValue [1, rows, width]).
 
     The sampling rules read only the largest entries of a row in most settings (greedy, top-k): ``top(K)`` runs
@@ -675,20 +700,8 @@ class DeviceRows:
             self._shared["top"][k] = _top_entries(lm, values, cols, k)
             lm.rows_read += values.shape[0]
 
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, i):
-        n = len(self)
-        if isinstance(i, slice):
-            a, b, step = i.indices(n)
-            if step != 1:
-                raise IndexError("DeviceRows slices take consecutive rows")
-            return DeviceRows(self.lm, self.value, self.start + a, self.start + max(a, b), self._shared)
-        i = int(i) + (n if int(i) < 0 else 0)
-        if not 0 <= i < n:
-            raise IndexError(f"row {i} of {n}")
-        return DeviceRow(self, i)
+    def _view(self, start: int, stop: int) -> "DeviceRows":
+        return DeviceRows(self.lm, self.value, start, stop, self._shared)
 
     def numpy(self) -> np.ndarray:
         """The rows as float32 [rows, vocab] on the host (copied once, then shared by every view)."""
@@ -736,7 +749,7 @@ def _top_entries(lm: "CausalLM", values: np.ndarray, cols: np.ndarray, k: int) -
     return lm.token_ids(cols), values, bound
 
 
-class TopRows:
+class TopRows(_Rows):
     """Logits rows on the host beside the graph's TopK of each (the K largest entries, descending, and a bound
     every other entry is at most): the sampling rules read a row's top entries (``top``) where they settle it,
     and the whole row (``numpy``) where they do not. The same interface as DeviceRows. It holds a pass's host
@@ -748,25 +761,11 @@ class TopRows:
         self.start, self.stop = start, rows if stop is None else stop
         lm.rows_read += self.stop - self.start
 
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, i):
-        n = len(self)
-        if isinstance(i, slice):
-            a, b, step = i.indices(n)
-            if step != 1:
-                raise IndexError("TopRows slices take consecutive rows")
-            if a == 0 and b == n:
-                return self
-            rows = TopRows.__new__(TopRows)
-            rows.__dict__.update(self.__dict__)
-            rows.start, rows.stop = self.start + a, self.start + max(a, b)
-            return rows
-        i = int(i) + (n if int(i) < 0 else 0)
-        if not 0 <= i < n:
-            raise IndexError(f"row {i} of {n}")
-        return DeviceRow(self, i)
+    def _view(self, start: int, stop: int) -> "TopRows":
+        rows = TopRows.__new__(TopRows)
+        rows.__dict__.update(self.__dict__)
+        rows.start, rows.stop = start, stop
+        return rows
 
     def numpy(self) -> np.ndarray:
         width = self.lm.spec.vocab_size

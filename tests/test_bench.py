@@ -144,6 +144,28 @@ def test_host_cold_tool_times_each_piece_after_a_pass_and_warm(pair_bundle):
     assert bad.returncode == 2 and "--repeat must be >= 1" in bad.stderr
 
 
+def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle):
+    """tools/host_share.py decodes each setting target-only and speculating and prints both host shares; a bundle
+    without a draft, and bad counts, are refused."""
+    tool = Path(__file__).resolve().parents[1] / "tools" / "host_share.py"
+    proc = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--limit", "2", "--max-new-tokens", "6"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    sys.path.insert(0, str(tool.parent))
+    try:
+        from host_share import SETTINGS
+    finally:
+        sys.path.pop(0)
+    rows = [line for line in proc.stdout.splitlines() if line.count("%") == 2]
+    assert [r.split("  ")[0].strip() for r in rows] == list(SETTINGS), proc.stdout
+    for r in rows:
+        shares = [float(x) for x in r.replace("%", " ").split()[-3:-1]]
+        assert all(0 < x < 100 for x in shares), r
+    for args, message in (([str(ids_bundle)], "has no draft model"), ([str(pair_bundle), "--limit", "0"], ">= 1")):
+        bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
 def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle):
     """tools/draft_ab.py: the same draft loaded twice gives the same rounds (only the draft is swapped in); a
     bundle of another vocabulary, or one without a draft, is refused."""

@@ -235,19 +235,28 @@ def test_a_long_prompt_gets_its_first_token_from_the_target_alone(pair_bundle, m
 
 # -- a self-draft reading its target's cache ---------------------------------------------------------------------
 
-def test_a_shared_cache_gives_the_sources_bits_and_never_disturbs_them(llama_bundle, pair_bundle):
-    """A model on another's KV buffers (share_cache): over the owner's prefix it computes the owner's own bits,
-    what it writes past the owner's valid length never changes what the owner computes next, it follows the
-    owner's buffers when they grow, and only a cache of the same layout on the same device can be shared."""
+def _sharing(bundle):
+    """A target that has read 30 tokens, a second model of the same graph on its cache, the tokens, and the
+    target's logits of a fresh prefill of all of them."""
     from ortspec.bundle import load_bundle
     from ortspec.model import CausalLM
-    b = load_bundle(llama_bundle)
+    b = load_bundle(bundle)
     path = str(b.file(b.target.path))
     source, twin = CausalLM(b.target, path), CausalLM(b.target, path)
     ids = [1] + list(range(3, 60))
     fresh = source.reference_logits(ids)
     source.forward(ids[:30])
     twin.share_cache(source)
+    return source, twin, ids, fresh
+
+
+def test_a_shared_cache_gives_the_sources_bits_and_never_disturbs_them(llama_bundle, pair_bundle):
+    """A model on another's KV buffers (share_cache): over the owner's prefix it computes the owner's own bits,
+    what it writes past the owner's valid length never changes what the owner computes next, it follows the
+    owner's buffers when they grow, and only a cache of the same layout on the same device can be shared."""
+    from ortspec.bundle import load_bundle
+    from ortspec.model import CausalLM
+    source, twin, ids, fresh = _sharing(llama_bundle)
     twin.follow(30)
     assert twin.tokens == ids[:30]
     assert np.array_equal(twin.forward(ids[30:32]), fresh[30:32])  # over the owner's keys and values
@@ -266,15 +275,7 @@ def test_a_shared_cache_gives_the_sources_bits_and_never_disturbs_them(llama_bun
 def test_sharing_negative_control_a_draft_writing_below_the_owners_length_is_caught(llama_bundle):
     """What makes sharing safe is that the draft writes only from the owner's valid length on: a draft that
     wrote inside the owner's valid prefix would change the owner's next logits, and the comparison sees it."""
-    from ortspec.bundle import load_bundle
-    from ortspec.model import CausalLM
-    b = load_bundle(llama_bundle)
-    path = str(b.file(b.target.path))
-    source, twin = CausalLM(b.target, path), CausalLM(b.target, path)
-    ids = [1] + list(range(3, 60))
-    fresh = source.reference_logits(ids)
-    source.forward(ids[:30])
-    twin.share_cache(source)
+    source, twin, ids, fresh = _sharing(llama_bundle)
     twin.follow(20)
     twin.forward([7, 8, 9])  # positions 20..22, inside the owner's 30
     assert not np.array_equal(source.forward(ids[30:32]), fresh[30:32])

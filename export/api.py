@@ -137,6 +137,77 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     return out
 
 
+UPGRADED = ".upgrade"  # a graph file's suffix while an upgrade's manifest points at it
+
+
+def upgrade_bundle(out: str | os.PathLike, progress: Progress | None = print) -> list[str]:
+    """Bring an existing bundle's graphs to the current format without re-exporting: graphs exported before
+    they returned each row's largest logits get the TopK (``add_top_outputs``). Weights are not touched.
+    Returns what was upgraded ("target", "draft"); nothing when the bundle is current.
+
+    Every step leaves a bundle that loads: the new graph is written beside the old one and the manifest is
+    switched to it in one rename; the old file is then rewritten and the manifest switched back to its name.
+    """
+    say = progress or (lambda message: None)
+    root = Path(out).expanduser().resolve()
+    bundle = load_bundle(root, verify="size")  # a bundle that loads, or the error saying why not
+    done = []
+    for leftover in root.glob("*/*" + UPGRADED):  # an interrupted upgrade's copy the manifest no longer names
+        if not any(leftover == bundle.file(s.path) for s in (bundle.target, bundle.draft) if s is not None):
+            leftover.unlink()
+    for role in ("target", "draft"):
+        spec = getattr(bundle, role)
+        if spec is None:
+            continue
+        path = bundle.file(spec.path)
+        if path.name.endswith(UPGRADED):  # an interrupted upgrade ran the new graph under the other name
+            _move_back(root, role, path)
+            done.append(role)
+            continue
+        if spec.top_logits:
+            continue
+        beside = path.with_name(path.name + UPGRADED)
+        say(f"{role}: adding the TopK of each row's logits to {spec.path}")
+        if not add_top_outputs(path, beside):
+            _switch_manifest(root, role, path)  # the graph has them already; the manifest now says so
+        else:
+            _switch_manifest(root, role, beside)  # the bundle now runs the new graph under the other name
+            _move_back(root, role, beside)
+        done.append(role)
+    load_bundle(root, verify="size")
+    return done
+
+
+def _move_back(root: Path, role: str, beside: Path) -> None:
+    """The new graph under its usual name again: copied over the old file, the manifest switched, the copy
+    removed (the graph file holds no weights: it is small)."""
+    usual = beside.with_name(beside.name[:-len(UPGRADED)])
+    tmp = usual.with_name(usual.name + ".tmp")
+    shutil.copyfile(beside, tmp)
+    os.replace(tmp, usual)
+    _switch_manifest(root, role, usual)
+    beside.unlink()
+
+
+def _switch_manifest(root: Path, role: str, graph: Path) -> None:
+    """Point the manifest's model ``role`` at ``graph`` (its checksum, size, input/output names and top_logits)
+    with one atomic rename."""
+    manifest = json.loads((root / "ortspec.json").read_text())
+    entry = manifest["models"][role]
+    facts = graph_facts(graph)
+    old = Path(entry["path"]).name
+    for table in ("sha256", "size_bytes"):
+        entry[table].pop(old, None)
+    entry["path"] = graph.relative_to(root).as_posix()
+    entry["sha256"][graph.name] = sha256_file(graph)
+    entry["size_bytes"][graph.name] = graph.stat().st_size
+    entry["top_logits"] = facts["top_logits"]
+    entry["io"] = {"inputs": facts["inputs"], "outputs": facts["outputs"]}
+    tmp = root / "ortspec.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, root / "ortspec.json")
+
+
 def _check_args(target, draft, draft_quant, target_quant) -> None:
     if not isinstance(target, str) or not target:
         raise ValueError("target must be a hub id, a model directory or a .gguf path")

@@ -107,18 +107,20 @@ def keep_logits_rows(path: Path) -> None:
     os.replace(tmp, path)
 
 
-def add_top_outputs(path: Path) -> None:
+def add_top_outputs(path: Path, dst: Path | None = None) -> bool:
     """Give the graph at ``path`` the TOP_LOGITS input and outputs: ``TopK(logits, logits_top_k)`` along the
     vocabulary, values cast to float32. A decoding round then reads each row's few largest entries straight
     from the pass (the sampling rules need no more with top-k or greedy) instead of searching the whole row on
-    the host, and on a GPU the full rows never leave the device. Weights are not touched."""
+    the host, and on a GPU the full rows never leave the device. Weights are not touched (they stay in the
+    external-data file beside it). Written in place, or to ``dst`` in the same directory; False when the
+    graph has them already (nothing written)."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
     if any(i.name == TOP_LOGITS["k"] for i in graph.input):
-        return
+        return False
     logits = next((o for o in graph.output if o.name == "logits"), None)
     if logits is None:
         raise ExportError(f"{path} has no logits output")
@@ -133,9 +135,11 @@ def add_top_outputs(path: Path) -> None:
     rows = [1, "sequence_length", "top_k"]
     graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["values"], TensorProto.FLOAT, rows))
     graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["ids"], TensorProto.INT64, rows))
-    tmp = path.with_name(path.name + ".top")
+    dst = path if dst is None else dst
+    tmp = dst.with_name(dst.name + ".top")
     onnx.save(model, str(tmp))
-    os.replace(tmp, path)
+    os.replace(tmp, dst)
+    return True
 
 
 def consolidate(src: Path, dst: Path, fold_transposes: bool = False) -> Path:

@@ -18,6 +18,7 @@ EPILOG_EXPORT = """examples:
                  --draft-quant int4 --out models/smol
   ortspec export --target ./qwen-1.5b.gguf --draft self --draft-quant int4 --out models/qwen
   ortspec export --genai-config --out models/smollm2-135m   # add onnxruntime-genai configs to a bundle
+  ortspec export --upgrade --out models/qwen2.5-coder       # a bundle exported by an earlier release, brought up to date
 """
 EPILOG_GENERATE = """examples:
   ortspec generate models/smollm2-135m --prompt "Write a haiku about caches" --chat
@@ -139,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write genai_config.json files so onnxruntime-genai runs the bundle's graphs (the "
                         "pair at the bundle root, each model alone in its directory); with --out naming an "
                         "existing bundle and no --target/--recipe, only adds them to that bundle")
+    p.add_argument("--upgrade", action="store_true",
+                   help="bring the existing bundle at --out to the current format without re-exporting: graphs "
+                        "exported before they returned each row's largest logits get them (seconds; weights are "
+                        "not touched, and the bundle loads at every step)")
     p.add_argument("--genai-max-draft-tokens", type=int, default=4, metavar="N",
                    help="speculative.max_draft_tokens in the pair's genai_config.json (1-16, default 4)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON when done")
@@ -316,6 +321,14 @@ def cmd_export(args) -> int:
                            "pip install 'ortspec[export]'") from None
     genai = getattr(args, "genai_config", False)
     genai_k = getattr(args, "genai_max_draft_tokens", 4)
+    if getattr(args, "upgrade", False):
+        from .export.api import upgrade_bundle
+        if args.target or args.recipe:
+            raise ValueError("--upgrade brings the existing bundle at --out up to date; it takes no --target/--recipe")
+        done = upgrade_bundle(args.out, progress=lambda m: print(f"[ortspec export] {m}", file=sys.stderr))
+        print(f"{args.out}: " + (f"upgraded ({', '.join(done)})" if done else "already current, nothing to do"))
+        if not genai:
+            return 0
     if genai and not args.target and not args.recipe:
         from .bundle import is_bundle
         from .export.genai import write_genai_config

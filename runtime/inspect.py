@@ -89,8 +89,8 @@ def format_report(r: dict) -> str:
             lines.append(f"    out {pres[0]} .. {pres[-1]} ({len(pres)} tensors) {outs[pres[0]]}")
         lines.append("    top entries: " + ("each kept row's largest logits come with the pass (decoding reads those)"
                                            if m.get("top_logits") else
-                                           "none (exported before graphs had them: rows are read whole; re-export "
-                                           "to read only their largest entries)"))
+                                           "none (exported before graphs had them: rows are read whole; "
+                                           "`ortspec export --upgrade --out BUNDLE` adds them)"))
     defaults = r.get("generation_defaults") or {}
     force = r.get("sampling_in_force") or {}
     lines.append("  sampling when a call sets nothing: " + ", ".join(

@@ -55,15 +55,14 @@ def test_top_rows_give_the_same_tokens_as_whole_rows(pair_bundle, setting):
         assert top.target.rows_read > 0
 
 
-def test_a_bundle_without_top_outputs_still_decodes(pair_bundle, tmp_path):
-    """A bundle exported before the graphs had a TopK: no top_logits in the manifest, no such input or
-    outputs in the graphs. It loads and decodes the same tokens as the bundle with them."""
+def _without_top(bundle, dst):
+    """A copy of ``bundle`` as exported before graphs had a TopK: no top_logits in the manifest, no such input or
+    outputs in the graphs."""
     import onnx
-    old = tmp_path / "old"
-    shutil.copytree(pair_bundle, old)
-    manifest = json.loads((old / MANIFEST).read_text())
+    shutil.copytree(bundle, dst)
+    manifest = json.loads((dst / MANIFEST).read_text())
     for spec in manifest["models"].values():
-        path = old / spec["path"]
+        path = dst / spec["path"]
         model = onnx.load(str(path), load_external_data=False)
         graph = model.graph
         keep = [n for n in graph.node if n.op_type != "TopK"]
@@ -77,7 +76,13 @@ def test_a_bundle_without_top_outputs_still_decodes(pair_bundle, tmp_path):
         spec.pop("top_logits")
         spec["sha256"][path.name] = sha256_file(path)
         spec["size_bytes"][path.name] = path.stat().st_size
-    (old / MANIFEST).write_text(json.dumps(manifest))
+    (dst / MANIFEST).write_text(json.dumps(manifest))
+    return dst
+
+
+def test_a_bundle_without_top_outputs_still_decodes(pair_bundle, tmp_path):
+    """A bundle exported before the graphs had a TopK loads and decodes the same tokens as one with it."""
+    old = _without_top(pair_bundle, tmp_path / "old")
     before = SpeculativeGenerator.load(old)
     assert before.target.spec.top_logits is None and not before.target.top_rows
     from ortspec.inspect import format_report, inspect_bundle
@@ -87,6 +92,61 @@ def test_a_bundle_without_top_outputs_still_decodes(pair_bundle, tmp_path):
     prompts = [_ids(6 + 3 * j, j, 128) for j in range(3)]
     for setting in ("greedy", "qwen defaults", "temperature only"):
         assert _run(before, setting, prompts) == _run(now, setting, prompts), setting
+
+
+def test_upgrade_gives_an_old_bundle_the_top_entries(pair_bundle, tmp_path):
+    """`ortspec export --upgrade --out B`: an old bundle's graphs get the TopK in place (the weights untouched),
+    it decodes the same tokens reading them, and a second upgrade has nothing to do."""
+    import subprocess
+    import sys
+    old = _without_top(pair_bundle, tmp_path / "old")
+    weights = {p.name: p.stat().st_mtime_ns for p in old.glob("*/*.data")}
+    proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "export", "--upgrade", "--out", "old"],
+                          capture_output=True, text=True, cwd=tmp_path)  # a relative path, as people type it
+    assert proc.returncode == 0 and "upgraded (target, draft)" in proc.stdout, proc.stderr
+    b = load_bundle(old)  # checksums too
+    assert b.target.top_logits and b.draft.top_logits and b.target.path == "target/model.onnx"
+    assert not list(old.glob("*/*.upgrade")) and not list(old.glob("*/*.tmp"))
+    assert {p.name: p.stat().st_mtime_ns for p in old.glob("*/*.data")} == weights
+    up = SpeculativeGenerator.load(old)
+    assert up.target.top_rows
+    prompts = [_ids(6 + 3 * j, j, 128) for j in range(3)]
+    for setting in ("greedy", "qwen defaults"):
+        assert _run(up, setting, prompts) == _run(SpeculativeGenerator.load(pair_bundle), setting, prompts)
+    again = subprocess.run([sys.executable, "-m", "ortspec.cli", "export", "--upgrade", "--out", str(old)],
+                           capture_output=True, text=True)
+    assert again.returncode == 0 and "already current" in again.stdout
+    for args, message in (([str(tmp_path / "none")], "does not exist"),
+                          ([str(old), "--target", "x"], "takes no --target")):
+        bad = subprocess.run([sys.executable, "-m", "ortspec.cli", "export", "--upgrade", "--out", *args],
+                             capture_output=True, text=True)
+        assert bad.returncode != 0 and message in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("stop", ["before the switch", "after the switch"])
+def test_an_interrupted_upgrade_leaves_a_bundle_that_loads(pair_bundle, tmp_path, monkeypatch, stop):
+    """Stopped before the manifest names the new graph, the bundle is the old one; stopped after, it runs the
+    new graph under the other name. Either way it loads, and the next upgrade finishes the job."""
+    from ortspec.export import api
+    old = _without_top(pair_bundle, tmp_path / "old")
+    real = api._switch_manifest if stop == "before the switch" else api._move_back
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(api, "_switch_manifest" if stop == "before the switch" else "_move_back", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        api.upgrade_bundle(old, progress=None)
+    b = load_bundle(old)
+    assert (b.target.top_logits is None) is (stop == "before the switch")
+    assert (b.target.path == "target/model.onnx") is (stop == "before the switch")
+    monkeypatch.setattr(api, "_switch_manifest" if stop == "before the switch" else "_move_back", real)
+    assert api.upgrade_bundle(old, progress=None) == ["target", "draft"]
+    b = load_bundle(old)
+    assert b.target.top_logits and b.target.path == "target/model.onnx" and b.draft.path == "draft/model.onnx"
+    assert not list(old.glob("*/*.upgrade"))
+    gen = SpeculativeGenerator.load(old)
+    assert _run(gen, "qwen defaults", [_ids(7, 1, 128)]) == \
+        _run(SpeculativeGenerator.load(pair_bundle), "qwen defaults", [_ids(7, 1, 128)])
 
 
 def test_a_malformed_top_logits_entry_is_refused(pair_bundle, tmp_path):

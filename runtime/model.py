@@ -549,7 +549,7 @@ class CausalLM:
         if feed is None:
             feed = b.ortspec_feed = {"seqlens": np.zeros(1, np.int32), "total": np.zeros((), np.int32),
                                      "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None,
-                                     "top_k": np.ones(1, np.int64), "top_out": None}
+                                     "top_k": np.ones(1, np.int64)}
         bind_ids = bind or feed["ids"].shape[1] != len(ids)
         if feed["ids"].shape[1] != len(ids):
             feed["ids"] = np.zeros((1, len(ids)), np.int64)
@@ -683,10 +683,11 @@ class _Rows:
 class DeviceRows(_Rows):
     """Logits rows left on the device where the graph wrote them (an OrtValue [1, rows, width]).
 
-    The sampling rules read only the largest entries of a row in most settings (greedy, top-k): ``top(K)`` runs
-    a TopK graph on the device and brings back K ids, their values, and a bound that every other entry is at
-    most (the K-th largest value). ``numpy()`` copies the rows in full, for the settings (and the rare rows)
-    that need more. Indexing gives a DeviceRow; slicing a view of fewer rows sharing the same results.
+    The sampling rules read only the largest entries of a row in most settings (greedy, top-k): ``top(K)`` hands
+    them the graph's own TopK of the pass (copied to the host with it) or, for graphs without one or a larger
+    K, runs a TopK graph on the device, and brings back K ids, their values, and a bound that every other entry
+    is at most (the K-th largest value). ``numpy()`` copies the rows in full, for the settings (and the rare
+    rows) that need more. Indexing gives a DeviceRow; slicing a view of fewer rows sharing the same results.
     """
 
     def __init__(self, lm: "CausalLM", value, start: int = 0, stop: int | None = None, shared: dict | None = None,

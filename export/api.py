@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Callable
 
-from ortspec.bundle import (ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
+from ortspec.bundle import (MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .genai import write_genai_config
@@ -192,7 +192,7 @@ def _move_back(root: Path, role: str, beside: Path) -> None:
 def _switch_manifest(root: Path, role: str, graph: Path) -> None:
     """Point the manifest's model ``role`` at ``graph`` (its checksum, size, input/output names and top_logits)
     with one atomic rename."""
-    manifest = json.loads((root / "ortspec.json").read_text())
+    manifest = json.loads((root / MANIFEST).read_text())
     entry = manifest["models"][role]
     facts = graph_facts(graph)
     old = Path(entry["path"]).name
@@ -203,9 +203,9 @@ def _switch_manifest(root: Path, role: str, graph: Path) -> None:
     entry["size_bytes"][graph.name] = graph.stat().st_size
     entry["top_logits"] = facts["top_logits"]
     entry["io"] = {"inputs": facts["inputs"], "outputs": facts["outputs"]}
-    tmp = root / "ortspec.json.tmp"
+    tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-    os.replace(tmp, root / "ortspec.json")
+    os.replace(tmp, root / MANIFEST)
 
 
 def _check_args(target, draft, draft_quant, target_quant) -> None:

@@ -359,9 +359,9 @@ class LogitsPipeline:
         """
         if self.config.repetition_penalty < 1.0:
             return None
-        ids, vals, bound = drow.top(k + self.TOP_MARGIN)
+        ids, vals, bound = drow.top(k + self.TOP_MARGIN)  # arrays, or fresh lists (changed below in place)
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
-        val = vals.tolist() if isinstance(vals, np.ndarray) else list(vals)
+        val = vals.tolist() if isinstance(vals, np.ndarray) else vals
         if tok and max(tok) >= self.vocab_size:  # padding columns of a wider graph
             inside = [j for j, t in enumerate(tok) if t < self.vocab_size]
             tok, val = [tok[j] for j in inside], [val[j] for j in inside]

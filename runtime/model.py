@@ -515,9 +515,11 @@ class CausalLM:
         k = self.top_width() if spec.top_logits else 0
         if k:
             feed["top_k"][0] = k
-        slot, index = self._slot(rows, k)
         on_device = self._lazy and self.logits_on_device
-        key = None if index is None or on_device else (index, rows, k)
+        # rows left on the device need only the top arrays, fresh each pass (what DeviceRows holds of them does
+        # not keep a reusable slot out of use; the device path binds every pass anyway)
+        slot, index = self._slot(rows, k) if not on_device else (self._new_slot(0, rows * k), None)
+        key = None if index is None else (index, rows, k)
         if key is None or feed["out"] != key or self.device != "cpu":  # else: the same buffers are still bound
             if on_device:
                 value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], _NP[spec.dtype],
@@ -736,18 +738,21 @@ class DeviceRows(_Rows):
             lm._topk.run_with_iobinding(b)
             lm.run_time_s += time.perf_counter() - t0
             values, cols = (v.numpy()[0] for v in b.get_outputs())
-            ids = lm.token_ids(cols)
-            bound = values[:, -1].copy() if k < width else np.full(values.shape[0], -np.inf, dtype=np.float32)
-            found = self._shared["top"][k] = (ids, values, bound)
+            found = self._shared["top"][k] = (lm.token_ids(cols), values, _bound(values, k, width))
             lm.rows_read += values.shape[0]
         ids, values, bound = found
         return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
 
 
 def _top_entries(lm: "CausalLM", values: np.ndarray, cols: np.ndarray, k: int) -> tuple:
-    """(token ids, values, bound) of rows' K largest entries as the graph's TopK returned them."""
-    bound = values[:, -1] if k < lm.spec.vocab_size else np.full(values.shape[0], -np.inf, dtype=np.float32)
-    return lm.token_ids(cols), values, bound
+    """(token ids, values, bound) of rows' K largest entries as a TopK returned them (columns of the graph's
+    width)."""
+    return lm.token_ids(cols), values, _bound(values, k, lm.spec.vocab_size)
+
+
+def _bound(values: np.ndarray, k: int, width: int) -> np.ndarray:
+    """What every entry left out of rows' K largest ``values`` is at most: the K-th, or -inf when none is."""
+    return values[:, -1] if k < width else np.full(values.shape[0], -np.inf, dtype=np.float32)
 
 
 class TopRows(_Rows):
@@ -783,8 +788,7 @@ class TopRows(_Rows):
             rows = self.numpy()
             ids = np.argsort(-rows, axis=1, kind="stable")[:, :k]
             values = np.take_along_axis(rows, ids, axis=1)
-            bound = values[:, -1] if k < rows.shape[1] else np.full(rows.shape[0], -np.inf, dtype=np.float32)
-            return ids, values, bound
+            return ids, values, _bound(values, k, rows.shape[1])
         n, k = self.rows, self.k
         ids, values, bound = _top_entries(self.lm, self.values[:n * k].reshape(n, k),
                                           self.cols[:n * k].reshape(n, k), k)

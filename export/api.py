@@ -142,7 +142,8 @@ UPGRADED = ".upgrade"  # a graph file's suffix while an upgrade's manifest point
 
 def upgrade_bundle(out: str | os.PathLike, progress: Progress | None = print) -> list[str]:
     """Bring an existing bundle's graphs to the current format without re-exporting: graphs exported before
-    they returned each row's largest logits get the TopK (``add_top_outputs``). Weights are not touched.
+    they returned each row's largest logits get the TopK, target graphs without it each row's normalizer
+    (``add_top_outputs``). Weights are not touched.
     Returns what was upgraded ("target", "draft"); nothing when the bundle is current.
 
     Every step leaves a bundle that loads: the new graph is written beside the old one and the manifest is
@@ -164,11 +165,14 @@ def upgrade_bundle(out: str | os.PathLike, progress: Progress | None = print) ->
             _move_back(root, role, path)
             done.append(role)
             continue
-        if spec.top_logits:
+        norm = role == "target"
+        if spec.top_logits and (spec.logits_norm or not norm):
             continue
         beside = path.with_name(path.name + UPGRADED)
-        say(f"{role}: adding the TopK of each row's logits to {spec.path}")
-        if not add_top_outputs(path, beside):
+        what = [w for w, missing in (("the TopK of each row's logits", not spec.top_logits),
+                                      ("each row's normalizer", norm and not spec.logits_norm)) if missing]
+        say(f"{role}: adding {' and '.join(what)} to {spec.path}")
+        if not add_top_outputs(path, beside, norm=norm):
             _switch_manifest(root, role, path)  # the graph has them already; the manifest now says so
         else:
             _switch_manifest(root, role, beside)  # the bundle now runs the new graph under the other name
@@ -190,7 +194,8 @@ def _move_back(root: Path, role: str, beside: Path) -> None:
 
 
 def _switch_manifest(root: Path, role: str, graph: Path) -> None:
-    """Point the manifest's model ``role`` at ``graph`` (its checksum, size, input/output names and top_logits)
+    """Point the manifest's model ``role`` at ``graph`` (its checksum, size, input/output names, top_logits and
+    logits_norm)
     with one atomic rename."""
     manifest = json.loads((root / MANIFEST).read_text())
     entry = manifest["models"][role]
@@ -202,6 +207,7 @@ def _switch_manifest(root: Path, role: str, graph: Path) -> None:
     entry["sha256"][graph.name] = sha256_file(graph)
     entry["size_bytes"][graph.name] = graph.stat().st_size
     entry["top_logits"] = facts["top_logits"]
+    entry["logits_norm"] = facts["logits_norm"]
     entry["io"] = {"inputs": facts["inputs"], "outputs": facts["outputs"]}
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -344,7 +350,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
         say(f"quantizing target to {target_quant}")
         t_quant = quantize(fp32, tmp / "target", target_quant)
     shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
-    models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None)
+    models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None, norm=True)
     return {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": models["target"], **({"draft": models["draft"]} if "draft" in models else {})},
             "tokenizer": tok_info, "export_versions": _versions()}
@@ -445,8 +451,8 @@ def _restrict_draft(tmp: Path, graph: Path, first: int, draft_info: dict, target
 
 
 def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: str | None,
-          subset: dict | None = None) -> dict:
-    add_top_outputs(graph)
+          subset: dict | None = None, norm: bool = False) -> dict:
+    add_top_outputs(graph, norm=norm)
     facts = graph_facts(graph)
     files = [graph, graph.with_name(graph.name + DATA_SUFFIX)]
     files = [f for f in files if f.is_file()]
@@ -462,7 +468,7 @@ def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: st
         sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
         special_ids=info["special_ids"], tokenizer=tokenizer, kv_cache=facts["kv_cache"],
         seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"], vocab_subset=subset,
-        logits_to_keep=facts["logits_to_keep"], top_logits=facts["top_logits"])
+        logits_to_keep=facts["logits_to_keep"], top_logits=facts["top_logits"], logits_norm=facts["logits_norm"])
     return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
 
 

@@ -115,7 +115,13 @@ def _write_variant(src: Path, dst: Path, spec: ModelSpec) -> None:
         inputs = [i for i in inputs if i.name != top["k"]]
         made = {top["values"], top["ids"]}
         body = [n for n in body if not made & set(n.output)]  # the TopK, and the Cast after it (fp16 graphs)
-        outputs = [o for o in graph.output if o.name not in (top["values"], top["ids"])]
+        gone = {top["values"], top["ids"]}
+        if spec.logits_norm:  # and the normalizer after it
+            norm = spec.logits_norm
+            inputs = [i for i in inputs if i.name != norm["scale"]]
+            body = [n for n in body if not n.name.startswith("norm/")]
+            gone.add(norm["norm"])
+        outputs = [o for o in graph.output if o.name not in gone]
         del graph.output[:]
         graph.output.extend(outputs)
     del graph.input[:]

@@ -14,6 +14,10 @@ KEEP_INPUT = "logits_to_keep"
 # the largest logits of every kept row, found inside the pass: an int64 [1] input asks for K of them, and two
 # outputs hold their values (float32) and columns [1, rows, K] (TopK: descending, ties by lower column)
 TOP_LOGITS = {"k": "logits_top_k", "values": "top_values", "ids": "top_ids"}
+# A target graph's normalizer per kept row: sum_i exp((logit_i - max) * scale), scale (float32 [1]) fed per request
+# (1 / temperature). Summed in blocks of NORM_BLOCK entries, then over the blocks, where the width allows.
+LOGITS_NORM = {"scale": "logits_norm_scale", "norm": "logits_norm"}
+NORM_BLOCK = 32
 _KV_IN = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _KV_OUT = re.compile(r"^present\.(\d+)\.(key|value)$")
 
@@ -107,39 +111,87 @@ def keep_logits_rows(path: Path) -> None:
     os.replace(tmp, path)
 
 
-def add_top_outputs(path: Path, dst: Path | None = None) -> bool:
+def add_top_outputs(path: Path, dst: Path | None = None, norm: bool = False) -> bool:
     """Give the graph at ``path`` the TOP_LOGITS input and outputs: ``TopK(logits, logits_top_k)`` along the
     vocabulary, values cast to float32. A decoding round then reads each row's few largest entries straight
     from the pass (the sampling rules need no more with top-k or greedy) instead of searching the whole row on
-    the host, and on a GPU the full rows never leave the device. Weights are not touched (they stay in the
-    external-data file beside it). Written in place, or to ``dst`` in the same directory; False when the
-    graph has them already (nothing written)."""
+    the host, and on a GPU the full rows never leave the device. With ``norm`` (target graphs) also the
+    LOGITS_NORM input and output: each row's sum_i exp((logit_i - max) * scale), from which verification
+    without top-k settles most drafts without exponentiating the row on the host (``LazyRow``). Weights are not
+    touched (they stay in the external-data file beside it). Written in place, or to ``dst`` in the same
+    directory; False when the graph has them already (nothing written)."""
     import onnx
     from onnx import TensorProto, helper
 
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    if any(i.name == TOP_LOGITS["k"] for i in graph.input):
+    names = {i.name for i in graph.input}
+    has_top, has_norm = TOP_LOGITS["k"] in names, LOGITS_NORM["scale"] in names
+    if has_top and (has_norm or not norm):
         return False
     logits = next((o for o in graph.output if o.name == "logits"), None)
     if logits is None:
         raise ExportError(f"{path} has no logits output")
     elem = logits.type.tensor_type.elem_type
-    raw = TOP_LOGITS["values"] if elem == TensorProto.FLOAT else "top/values.raw"
-    graph.node.append(helper.make_node("TopK", ["logits", TOP_LOGITS["k"]], [raw, TOP_LOGITS["ids"]],
-                                       name="top/topk", axis=-1, largest=1, sorted=1))
-    if raw != TOP_LOGITS["values"]:
-        graph.node.append(helper.make_node("Cast", [raw], [TOP_LOGITS["values"]], name="top/cast",
-                                           to=TensorProto.FLOAT))
-    graph.input.append(helper.make_tensor_value_info(TOP_LOGITS["k"], TensorProto.INT64, [1]))
-    rows = [1, "sequence_length", "top_k"]
-    graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["values"], TensorProto.FLOAT, rows))
-    graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["ids"], TensorProto.INT64, rows))
+    if not has_top:
+        raw = TOP_LOGITS["values"] if elem == TensorProto.FLOAT else "top/values.raw"
+        graph.node.append(helper.make_node("TopK", ["logits", TOP_LOGITS["k"]], [raw, TOP_LOGITS["ids"]],
+                                           name="top/topk", axis=-1, largest=1, sorted=1))
+        if raw != TOP_LOGITS["values"]:
+            graph.node.append(helper.make_node("Cast", [raw], [TOP_LOGITS["values"]], name="top/cast",
+                                               to=TensorProto.FLOAT))
+        graph.input.append(helper.make_tensor_value_info(TOP_LOGITS["k"], TensorProto.INT64, [1]))
+        rows = [1, "sequence_length", "top_k"]
+        graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["values"], TensorProto.FLOAT, rows))
+        graph.output.append(helper.make_tensor_value_info(TOP_LOGITS["ids"], TensorProto.INT64, rows))
+    if norm and not has_norm:
+        width = logits.type.tensor_type.shape.dim[-1].dim_value
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        graph.node.extend(_norm_nodes(elem, width, opset))
+        graph.input.append(helper.make_tensor_value_info(LOGITS_NORM["scale"], TensorProto.FLOAT, [1]))
+        graph.output.append(helper.make_tensor_value_info(LOGITS_NORM["norm"], TensorProto.FLOAT,
+                                                          [1, "sequence_length"]))
     dst = path if dst is None else dst
     tmp = dst.with_name(dst.name + ".top")
     onnx.save(model, str(tmp))
     os.replace(tmp, dst)
     return True
+
+
+def _norm_nodes(elem: int, width: int, opset: int) -> list:
+    """Nodes computing LOGITS_NORM["norm"] [1, rows] from the logits and the TopK's values (their first is the
+    row's largest logit): exp((logits - max) * scale), summed over NORM_BLOCK entries, then over the blocks."""
+    from onnx import TensorProto, helper
+
+    def const(name: str, values: list[int]):
+        return helper.make_node("Constant", [], [name], name=name,
+                                value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values))
+
+    def reduce_sum(x: str, axis: int, out: str):  # (every node's name starts with norm/)
+        name = out if out.startswith("norm/") else "norm/sum"
+        if opset >= 13:
+            return [const(f"{name}/axes", [axis]),
+                    helper.make_node("ReduceSum", [x, f"{name}/axes"], [out], name=name, keepdims=0)]
+        return [helper.make_node("ReduceSum", [x], [out], name=name, axes=[axis], keepdims=0)]
+
+    nodes = [const("norm/starts", [0]), const("norm/ends", [1]), const("norm/axis", [2]),
+             helper.make_node("Slice", [TOP_LOGITS["values"], "norm/starts", "norm/ends", "norm/axis"], ["norm/max"],
+                              name="norm/max")]
+    x = "logits"
+    if elem != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", [x], ["norm/logits"], name="norm/cast", to=TensorProto.FLOAT))
+        x = "norm/logits"
+    nodes += [helper.make_node("Sub", [x, "norm/max"], ["norm/shifted"], name="norm/shifted"),
+              helper.make_node("Mul", ["norm/shifted", LOGITS_NORM["scale"]], ["norm/scaled"], name="norm/scaled"),
+              helper.make_node("Exp", ["norm/scaled"], ["norm/exp"], name="norm/exp")]
+    if width and width % NORM_BLOCK == 0 and width > NORM_BLOCK:
+        nodes += [const("norm/shape", [0, 0, width // NORM_BLOCK, NORM_BLOCK]),
+                  helper.make_node("Reshape", ["norm/exp", "norm/shape"], ["norm/blocks"], name="norm/blocks")]
+        nodes += reduce_sum("norm/blocks", 3, "norm/block_sums")
+        nodes += reduce_sum("norm/block_sums", 2, LOGITS_NORM["norm"])
+    else:
+        nodes += reduce_sum("norm/exp", 2, LOGITS_NORM["norm"])
+    return nodes
 
 
 def consolidate(src: Path, dst: Path, fold_transposes: bool = False) -> Path:
@@ -249,6 +301,8 @@ def graph_facts(path: Path) -> dict:
         "logits_to_keep": KEEP_INPUT if KEEP_INPUT in ins else None,
         "top_logits": dict(TOP_LOGITS) if TOP_LOGITS["k"] in ins and TOP_LOGITS["values"] in outs
         and TOP_LOGITS["ids"] in outs else None,
+        "logits_norm": dict(LOGITS_NORM, block=NORM_BLOCK if any(n.name == "norm/blocks" for n in model.graph.node)
+                            else 1) if LOGITS_NORM["scale"] in ins and LOGITS_NORM["norm"] in outs else None,
         "logits": "logits", "kv_inputs": kv_in, "kv_outputs": kv_out,
         "num_layers": len(kv_in), "num_kv_heads": int(shape[1]), "head_dim": int(shape[3]),
         "vocab_size": int(dims(outs["logits"])[-1]),

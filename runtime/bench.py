@@ -287,10 +287,16 @@ def micro_rows(kind: str, vocab: int, n: int, seed: int) -> np.ndarray:
 
 class _GraphRows:
     """Synthetic rows as a pass returns them with the graph's TopK: each row's largest entries (found here,
-    untimed, as the graph finds them inside the pass) beside the whole row."""
+    untimed, as the graph finds them inside the pass) beside the whole row; with a ``scale``, each row's
+    normalizer too, as a target graph computes it (float32, in blocks of 32)."""
 
-    def __init__(self, rows: np.ndarray, k: int):
-        self.rows, self.k = rows, k
+    def __init__(self, rows: np.ndarray, k: int, scale: float = 0.0):
+        self.rows, self.k, self.scale = rows, k, scale
+        self.block = 32 if rows.shape[1] % 32 == 0 else 1
+        self.norms = None
+        if scale > 0:
+            e = np.exp((rows - rows.max(axis=1, keepdims=True)) * np.float32(scale))
+            self.norms = e.reshape(rows.shape[0], -1, self.block).sum(axis=2).sum(axis=1)
         k = min(k, rows.shape[1])
         cols = np.argpartition(-rows, k - 1, axis=1)[:, :k] if k < rows.shape[1] else \
             np.tile(np.arange(rows.shape[1]), (rows.shape[0], 1))
@@ -305,6 +311,7 @@ class _GraphRows:
         if isinstance(i, slice):
             part = _GraphRows.__new__(_GraphRows)
             part.rows, part.k, part.cols, part.values = self.rows[i], self.k, self.cols[i], self.values[i]
+            part.scale, part.block, part.norms = self.scale, self.block, None if self.norms is None else self.norms[i]
             return part
         return _GraphRow(self, i)
 
@@ -326,6 +333,16 @@ class _GraphRow:
 
     def numpy(self) -> np.ndarray:
         return self.rows_.rows[self.i]
+
+    @property
+    def width(self) -> int:
+        return self.rows_.rows.shape[1]
+
+    def norm(self) -> tuple[float, float, int] | None:
+        r = self.rows_
+        return None if r.norms is None else (r.scale, float(r.norms[self.i]), r.block)
+
+    on_host = True  # the rows are made for each round: processed in place, as a pass's host buffer
 
 
 MICRO_ROWS = ("top", "whole")
@@ -369,7 +386,7 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
                             if not pipeline.top_entries():
                                 continue
                             if pipeline is pipe:
-                                target_rows = _GraphRows(target_rows, pipe.top_entries())
+                                target_rows = _GraphRows(target_rows, pipe.top_entries(), pipe.norm_scale())
                             else:
                                 draft_rows = _GraphRows(draft_rows, draft_pipe.top_entries())
                     rng = np.random.default_rng(r)
@@ -388,7 +405,8 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
                             greedy_verify(tokens, pipe.greedy(target_rows, base, tokens))
                         else:
                             verify_dists(tokens, dists,
-                                         lambda j: pipe.row(target_rows[j], base, tokens[:j], inplace=True), rng)
+                                         lambda j: pipe.verify_row(target_rows[j], base, tokens[:j],
+                                                                   last=j == len(tokens)), rng)
                         spent += time.perf_counter() - t0
                     times.append(spent)
                 out.append({"setting": name, "rows": kind, "case": case, "vocab": vocab, "gamma": gamma,

@@ -55,6 +55,10 @@ class ModelSpec:
     # the graph's TopK over each kept row: {"k": int64 [1] input, "values": float32 [1, rows, k] output,
     # "ids": int64 [1, rows, k] output (logits columns)}; None in graphs exported without it
     top_logits: dict | None = None
+    # a target graph's normalizer of each kept row: {"scale": float32 [1] input (1 / temperature), "norm": float32
+    # [1, rows] output, sum_i exp((logit_i - max) * scale), "block": entries summed first (then over the blocks)};
+    # None in graphs without it
+    logits_norm: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
@@ -77,6 +81,7 @@ class ModelSpec:
                 total_sequence_length=d.get("total_sequence_length"),
                 vocab_subset=_vocab_subset(d.get("vocab_subset"), int(d["vocab_size"]), role),
                 logits_to_keep=d.get("logits_to_keep"), top_logits=_top_logits(d.get("top_logits"), role),
+                logits_norm=_logits_norm(d.get("logits_norm"), d.get("top_logits"), role),
             )
         except BundleError:
             raise
@@ -153,6 +158,19 @@ def _top_logits(value, role: str) -> dict | None:
             not all(isinstance(v, str) and v for v in value.values()):
         raise BundleError(f"models.{role}.top_logits is malformed (want the names k, values, ids); "
                           "re-export the bundle")
+    return dict(value)
+
+
+def _logits_norm(value, top, role: str) -> dict | None:
+    """Validate a manifest's logits_norm: the names of its input and output and its block size (the graph reads
+    the row's largest logit from its TopK, so it comes with top_logits)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"scale", "norm", "block"} or not top or \
+            not all(isinstance(value[n], str) and value[n] for n in ("scale", "norm")) or \
+            isinstance(value["block"], bool) or not isinstance(value["block"], int) or value["block"] < 1:
+        raise BundleError(f"models.{role}.logits_norm is malformed (want the names scale, norm and a block size "
+                          "of at least 1, beside top_logits); re-export the bundle")
     return dict(value)
 
 

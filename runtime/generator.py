@@ -367,6 +367,7 @@ class SpeculativeGenerator:
             if lm is not None:
                 lm.reserve(min(room, lm.capacity))
                 lm.top_k = rules.top_entries()  # the largest entries per row this request's rules read
+                lm.norm_scale = rules.norm_scale()  # and the scale of each row's normalizer (LazyRow)
         # A long prompt's first token comes from the target alone: the draft model reads the prompt in the
         # second round, so the user's wait for the first token is the target's prefill only. A draft reading
         # the target's cache never reads the prompt: it drafts from the second round on, always (whatever the
@@ -515,7 +516,8 @@ class SpeculativeGenerator:
         """The round's verdict; when sampling, sum_x min(p, q) of each verified position goes into ``masses``."""
         if sampling:
             return self._sampled_verify(draft.tokens, draft.dists or [],
-                                        lambda i: pipe.row(rows[i], committed, draft.tokens[:i], inplace=True), rng,
+                                        lambda i: pipe.verify_row(rows[i], committed, draft.tokens[:i],
+                                                                  last=i == len(draft.tokens)), rng,
                                         masses)
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 

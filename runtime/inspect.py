@@ -38,6 +38,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
             "dtype": spec.dtype, "quantization": spec.quantization, "source": spec.source,
             "size_bytes": sum(f["size_bytes"] for f in files.values()), "files": files,
             "io": raw[role].get("io", {}), "vocab_subset": spec.vocab_subset, "top_logits": spec.top_logits,
+            "logits_norm": spec.logits_norm,
         }
     compat = "no draft (target only)"
     if bundle.draft is not None:
@@ -91,6 +92,12 @@ def format_report(r: dict) -> str:
                                            if m.get("top_logits") else
                                            "none (exported before graphs had them: rows are read whole; "
                                            "`ortspec export --upgrade --out BUNDLE` adds them)"))
+        if role == "target":
+            lines.append("    normalizer: " + (
+                "each kept row's sum of exp((logit - max) / T) comes with the pass (verification without top-k "
+                "reads it)" if m.get("logits_norm") else
+                "none (exported before target graphs had one: verification without top-k reads whole rows; "
+                "`ortspec export --upgrade --out BUNDLE` adds it)"))
     defaults = r.get("generation_defaults") or {}
     force = r.get("sampling_in_force") or {}
     lines.append("  sampling when a call sets nothing: " + ", ".join(

@@ -30,6 +30,7 @@ from .config import SamplingConfig
 
 BLOCK_ROWS = 32       # a row of width W is viewed as [32, W / 32]; a "block" is one column of it
 SPARSE_MAX = 4096     # a nucleus of at most this many tokens is kept as ids + probabilities
+LAZY_TOP = 64         # largest entries a row under settings without truncation brings for verification (LazyRow)
 LEAN_MAX = 256        # a top-k row of at most this many candidates is finished in plain Python (a small Dist)
 NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
 LOG2_E = 1.4426950408889634  # 1 / ln 2
@@ -137,6 +138,13 @@ class Dist:
             return int(self._ids[_inverse_cdf(self._probs, rng.random())])
         return sample_weights(self.weights, rng.random())
 
+    def dist(self) -> "Dist":
+        return self
+
+    def accepts(self, token: int, q: float, u: float) -> bool:
+        """Whether a draft ``token`` drawn with probability ``q`` passes for the uniform number ``u``."""
+        return u < acceptance_probability(self.prob(token), q)
+
     def min_mass(self, other: "Dist") -> float:
         """sum_x min(self(x), other(x)): the probability that a draft from ``other`` is accepted here."""
         if self.tokens is not None and other.tokens is not None:
@@ -147,6 +155,13 @@ class Dist:
             return float(np.minimum(self.dense(v), other.dense(v)).sum())
         norm = small.probs / small.probs.sum()
         return float(np.minimum(norm, big.probs_of(small.ids)).sum())
+
+
+def acceptance_probability(p_token: float, q_token: float) -> float:
+    """min(1, p/q) computed in log space; a token q gives no mass is rejected."""
+    if q_token <= 0.0 or p_token <= 0.0:
+        return 0.0
+    return min(1.0, math.exp(math.log(p_token) - math.log(q_token)))
 
 
 def inverse_cdf_list(plist: list[float], u: float) -> int:
@@ -246,6 +261,8 @@ class LogitsPipeline:
         self.config = config
         self.vocab_size = int(vocab_size)
         self.scratch = scratch or Scratch()
+        self.lazy_settled = 0  # LazyRow verdicts settled from a row's largest entries
+        self.lazy_read = 0     # ... and those that needed the whole row
         single = [w[0] for w in config.bad_words_ids if len(w) == 1]
         self._banned = np.array(sorted(set(single)), dtype=np.int64)
         self._banned = self._banned[self._banned < self.vocab_size]
@@ -307,6 +324,9 @@ class LogitsPipeline:
         if not self.config.bad_words_ids:
             return seen, values
         banned = self._banned_now(base, new)
+        if seen.size and banned.size:  # a banned id is -inf, penalized or not (each id changed once)
+            keep = ~np.isin(seen, banned)
+            seen, values = seen[keep], values[keep]
         return np.concatenate([seen, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
 
     def _penalize(self, values: np.ndarray) -> np.ndarray:
@@ -343,7 +363,28 @@ class LogitsPipeline:
             return 1 + self.TOP_MARGIN
         if cfg.top_k and cfg.top_k + self.TOP_MARGIN <= LEAN_MAX and cfg.top_k < self.vocab_size:
             return cfg.top_k + self.TOP_MARGIN
+        if self._lazy_rows():
+            return LAZY_TOP
         return 0
+
+    def _lazy_rows(self) -> bool:
+        """Whether verification may settle this pipeline's rows with LazyRow: sampling without truncation."""
+        cfg = self.config
+        return (cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and cfg.top_p >= 1.0
+                and cfg.repetition_penalty >= 1.0)
+
+    def norm_scale(self) -> float:
+        """The scale of the normalizer a pass computes per row where its graph has one (1 / temperature): what
+        LazyRow reads; 0 when these rules do not read it."""
+        return 1.0 / self.config.temperature if self._lazy_rows() else 0.0
+
+    def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
+        """A target row for verification: a LazyRow where the row comes with its largest entries, the settings do
+        not truncate and it is not the ``last`` row (whose distribution the bonus draw needs anyway); else
+        ``row`` (in place: a row is verified once)."""
+        if not last and hasattr(logits, "top") and self._lazy_rows():
+            return LazyRow(self, logits, base, new)
+        return self.row(logits, base, new, inplace=True)
 
     def _device_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32):
         """The processed scores of a row's largest entries, read from ``drow.top`` (a row whose largest entries
@@ -357,9 +398,25 @@ class LogitsPipeline:
         bound the device returns; when the k-th largest processed score read is above that bound, the entries
         read at or above it are exactly those the full row would keep.
         """
+        read = self._read_top(drow, k + self.TOP_MARGIN, base, new, dtype)
+        if read is None:
+            return None
+        tok, val, bound = read
+        if len(tok) < k:
+            return None
+        kth = heapq.nlargest(k, val)[-1]
+        if not kth > bound:
+            return None
+        keep = [j for j, v in enumerate(val) if v >= kth]
+        return [tok[j] for j in keep], [val[j] for j in keep], kth
+
+    def _read_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32, found=None):
+        """(ids, processed scores, bound) of the ``k`` largest entries ``drow.top`` returns (or of ``found``, what
+        it returned), as Python lists (ids inside the vocabulary; banned ones at -inf), and the bound every entry
+        not read is at most, processed or not; None with a penalty below 1 (it raises entries from anywhere)."""
         if self.config.repetition_penalty < 1.0:
             return None
-        ids, vals, bound = drow.top(k + self.TOP_MARGIN)  # arrays, or fresh lists (changed below in place)
+        ids, vals, bound = found or drow.top(k)  # arrays, or fresh lists (changed below in place)
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
         val = vals.tolist() if isinstance(vals, np.ndarray) else vals
         if tok and max(tok) >= self.vocab_size:  # padding columns of a wider graph
@@ -381,13 +438,18 @@ class LogitsPipeline:
         if self.config.bad_words_ids:
             banned = set(self._banned_list(base, new))
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
-        if len(tok) < k:
-            return None
-        kth = heapq.nlargest(k, val)[-1]
-        if not kth > bound:
-            return None
-        keep = [j for j, v in enumerate(val) if v >= kth]
-        return [tok[j] for j in keep], [val[j] for j in keep], kth
+        return tok, val, float(bound)
+
+    def _processed(self, token: int, raw: float, base: Sequence[int], new: Sequence[int]) -> float:
+        """One token's processed score from its raw one (the penalty as a float32 row gets it; -inf if banned)."""
+        if self.config.bad_words_ids and token in self._banned_list(base, new):
+            return -math.inf
+        if self.config.repetition_penalty != 1.0:
+            self._update_seen(base)
+            if token in self._seen or token in {int(t) for t in new}:
+                t32 = self._theta32
+                return array("f", [raw * t32 if raw < 0 else raw / t32])[0]
+        return raw
 
     # -- warpers (sampling) -----------------------------------------------
     def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
@@ -399,7 +461,8 @@ class LogitsPipeline:
                 found = self._device_top(logits, cfg.top_k, base, new)
                 if found is not None and math.isfinite(found[2]):
                     return self._sparse(found[0], found[1])
-            logits, inplace = logits.numpy(), False  # settings without top-k read the whole row
+            # settings without top-k read the whole row (in place only where it is a host pass's own buffer)
+            logits, inplace = logits.numpy(), inplace and getattr(logits, "on_host", False)
         scores = np.asarray(logits)[: self.vocab_size]
         if scores.dtype != np.float32:
             scores, inplace = scores.astype(np.float32), True
@@ -535,6 +598,155 @@ class LogitsPipeline:
         order = np.argsort(ids)
         w = weights[order].astype(np.float64)
         return Dist(ids[order], w / w.sum())
+
+
+class LazyRow:
+    """A target row under settings without truncation, in verification. The verdict on a draft x needs only
+    min(1, p(x) / q(x)), and p(x) = weight(x) / total needs the whole row only for the total; the graph computed
+    each row's normalizer (sum_j exp((logit_j - max) / T), in float32: ``logits_norm``) in the pass. From it, the
+    row's largest entries (its TopK) and the processors' changes (penalized and banned ids, on the host), p(x) is
+    known to lie between two numbers; when the acceptance probabilities of both are above the uniform number
+    drawn (or both at or below it), the verdict is the one the whole row gives, and the row is never
+    exponentiated. Else (a uniform number at the edge, a row the bounds do not cover) ``dist()`` computes the
+    distribution as ``LogitsPipeline.row`` does, and the verdict comes from it: the same verdict either way.
+
+    The bounds are rigorous with room to spare, for the float32 results of both computations:
+    - the host's weights exp2(float32(float32(s - max) * c)) within a relative W_SLACK + W_SLACK_Y |y| of
+      2**y (y their exponent; the float32 roundings and exp2's error are below 1.3e-7 |y| and 2.4e-7) and
+      TINY (the underflow clamp, EXP2_FLOOR); its total (32-entry float32 block sums) within Z_SLACK of the
+      sum of its weights;
+    - the graph's normalizer: each term exp(float32(float32(l - max) * float32(1 / T))) within 4 ulp + 3 ulp
+      |y| of the true one (so within 124 ulp of the whole sum: a term's |y| above 40 weighs under 1e-16), and
+      a sum of n positive float32 numbers, in any order, within (n - 1) ulp of the exact one: (block - 1) +
+      (width / block - 1) ulp for the graph's two-level sum;
+    - the acceptance probability within a relative P_SLACK (its log and exp).
+    """
+
+    __slots__ = ("pipe", "row", "base", "new", "_dist", "_read")
+    W_SLACK, W_SLACK_Y, TINY, Z_SLACK, P_SLACK = 1e-5, 1e-6, 2.0 ** -99, 1e-5, 1e-9
+    ULP = 2.0 ** -24
+    MASS_WIDTH = 1e-3  # sum min(p, q) is taken from the bounds when they hold it this tightly (statistics only)
+
+    def __init__(self, pipe: "LogitsPipeline", row, base: Sequence[int], new: Sequence[int]):
+        self.pipe, self.row, self.base, self.new = pipe, row, base, new
+        self._dist: Dist | None = None
+        self._read = None  # (processed scores of the tokens read, max score, 1/T, the total's lower and upper bound)
+
+    def dist(self) -> Dist:
+        """The row's distribution, as ``LogitsPipeline.row`` gives it (computed once)."""
+        if self._dist is None:
+            self._dist = self.pipe.row(self.row, self.base, self.new, inplace=True)
+        return self._dist
+
+    def prob(self, token: int) -> float:
+        return self.dist().prob(token)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.dist().sample(rng)
+
+    def accepts(self, token: int, q: float, u: float) -> bool:
+        if self._dist is None:
+            bounds = self._p_bounds([token])
+            if bounds is not None:
+                lo, hi = (acceptance_probability(p, q) for p in bounds[0])
+                if u < lo * (1.0 - self.P_SLACK) or u >= hi * (1.0 + self.P_SLACK):
+                    self.pipe.lazy_settled += 1
+                    return u < lo * (1.0 - self.P_SLACK)
+        self.pipe.lazy_read += 1
+        return self.dist().accepts(token, q, u)
+
+    def min_mass(self, other: Dist) -> float:
+        """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are MASS_WIDTH apart or less)."""
+        if self._dist is None and other.small:
+            bounds = self._p_bounds(other.tokens)
+            if bounds is not None:
+                lo = math.fsum(min(b[0], q) for b, q in zip(bounds, other.plist))
+                hi = math.fsum(min(b[1], q) for b, q in zip(bounds, other.plist))
+                if hi - lo <= self.MASS_WIDTH:
+                    return 0.5 * (lo + hi)
+        return self.dist().min_mass(other)
+
+    def _bounds(self):
+        """Read the row's largest entries and normalizer once: None when they do not bound it (then the whole
+        row is read)."""
+        if self._read is None:
+            self._read = False
+            norm = self.row.norm() if hasattr(self.row, "norm") else None
+            if norm is not None:
+                self._read = self._from_norm(*norm) or False
+        return self._read or None
+
+    def _from_norm(self, scale: float, z_graph: float, block: int):
+        pipe = self.pipe
+        inv_t = 1.0 / pipe.config.temperature
+        if not (math.isfinite(z_graph) and z_graph >= 1.0 and abs(scale - inv_t) <= 1e-12 * inv_t):
+            return None
+        found = self.row.top(pipe.top_entries())
+        values = found[1]
+        if not len(values):
+            return None
+        m = float(values[0])  # the largest logit of the graph's row: the normalizer's reference
+        read = pipe._read_top(self.row, 0, self.base, self.new, found=found)
+        if read is None:
+            return None
+        tok, val, bound = read
+        top = max(val, default=-math.inf)
+        if not (math.isfinite(top) and top > bound and m >= top):  # the largest processed score is among those read
+            return None
+        scores = dict(zip(tok, val))  # processed scores of the tokens read (weights are bounded when asked for)
+        # the graph's sum covers the raw row over its width: take out columns past the vocabulary and put the
+        # processors' changes in (float64 on the host, exact to ~1e-15)
+        width = self.row.width if hasattr(self.row, "width") else self.row.numpy().shape[0]
+        extra = changed = changed_raw = 0.0
+        if width > pipe.vocab_size:
+            row = self.row.numpy()
+            extra = float(np.exp((row[pipe.vocab_size:].astype(np.float64) - m) * inv_t).sum())
+        if pipe.config.repetition_penalty != 1.0 or pipe.config.bad_words_ids:
+            changed_raw, changed = self._changed_mass(m, inv_t)
+        u = self.ULP
+        delta = ((block - 1) + (-(-width // block) - 1) + 124) * u * 1.01 + width * 2e-16
+        slack = 1e-12 * (extra + 2 * changed_raw)
+        shift = math.exp((m - top) * inv_t)  # the graph's reference (raw max) -> the host's (processed max)
+        lo = (z_graph / (1 + delta) - extra - changed - slack) * shift * (1 - 1e-12)
+        hi = (z_graph / (1 - delta) - extra - changed + slack) * shift * (1 + 1e-12)
+        host = self.Z_SLACK + self.W_SLACK + self.W_SLACK_Y * 40 + 32 * u
+        lo, hi = lo * (1 - host) - width * self.TINY, hi * (1 + host) + width * self.TINY
+        if not (lo > 0 and math.isfinite(hi)):
+            return None
+        return scores, top, inv_t, lo, hi
+
+    def _changed_mass(self, m: float, inv_t: float) -> tuple[float, float]:
+        """What the processors change in the normalizer (reference ``m``): the raw terms of the ids they change,
+        and those less the processed terms (float64)."""
+        row = self.row.numpy()
+        ids, new_values = self.pipe._changes(row[:self.pipe.vocab_size], self.base, self.new)
+        if not ids.size:  # (each id once)
+            return 0.0, 0.0
+        raw = float(np.exp((row[ids].astype(np.float64) - m) * inv_t).sum())
+        return raw, raw - float(np.exp((new_values.astype(np.float64) - m) * inv_t).sum())
+
+    def _p_bounds(self, tokens: Sequence[int]) -> list[tuple[float, float]] | None:
+        """Bounds of p(t) for each token (as the whole row's distribution gives it), None where unbounded."""
+        read = self._bounds()
+        if read is None:
+            return None
+        scores, top, inv_t, z_lo, z_hi = read
+        vocab = self.pipe.vocab_size
+        miss = [t for t in tokens if t not in scores and 0 <= t < vocab]
+        if miss:  # tokens below the largest entries: their raw scores from the row, processed here
+            for t, r in zip(miss, self.row.numpy()[miss].tolist()):
+                scores[t] = self.pipe._processed(t, r, self.base, self.new)
+        out = []
+        for t in tokens:
+            s = scores.get(t)
+            if s is None or s == -math.inf:
+                out.append((0.0, 0.0))  # outside the vocabulary, or banned: exactly 0 in the whole row too
+                continue
+            y = (s - top) * inv_t * LOG2_E
+            w = 2.0 ** y if y > -1100 else 0.0
+            d = self.W_SLACK + self.W_SLACK_Y * abs(y)
+            out.append((max(0.0, w * (1.0 - d) - self.TINY) / z_hi, (w * (1.0 + d) + self.TINY) / z_lo))
+        return out
 
 
 def _total(weights: np.ndarray) -> float:

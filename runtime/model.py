@@ -211,6 +211,7 @@ class CausalLM:
         # "host" asks for whole rows only (the graph is still told to find one entry: its input must be fed).
         self.top_rows = bool(spec.top_logits) and logits != "host"
         self.top_k = 0          # entries per kept row decoding passes bring back (0: none; set per request)
+        self.norm_scale = 0.0   # the graph's normalizer scale (1 / temperature; 0: not read; set per request)
         self._kv_in = [n for pair in spec.kv_inputs for n in pair]
         self._kv_out = [n for pair in spec.kv_outputs for n in pair]
         self.static = spec.kv_cache == "static"
@@ -483,7 +484,9 @@ class CausalLM:
         k = self.top_width() if spec.top_logits else 0
         if k:  # bound last: outputs come back in bind order
             b.bind_cpu_input(spec.top_logits["k"], np.array([k], dtype=np.int64))
-            slot = self._new_slot(0, rows * k)
+            if spec.logits_norm:
+                b.bind_cpu_input(spec.logits_norm["scale"], np.array([self.norm_scale], dtype=np.float32))
+            slot = self._new_slot(0, rows * k, rows)
             self._bind_top(b, slot, rows, k)
             top = (slot[1].reshape(rows, k), slot[2].reshape(rows, k), k)
         self._execute(b)
@@ -494,7 +497,8 @@ class CausalLM:
                 device = DeviceRows(self, out[0], top=top if self.top_k else None)
                 return device[len(device) - keep:], present
             host = out[0].numpy()[0].astype(np.float32).ravel()
-            return TopRows(self, (host, top[0].ravel(), top[1].ravel()), rows, k, start=rows - keep), present
+            return TopRows(self, (host, top[0].ravel(), top[1].ravel(), None, None, None, slot[6]), rows, k,
+                           start=rows - keep), present
         logits = out[0].numpy()[0][-keep:]
         return logits.astype(np.float32), present
 
@@ -515,10 +519,12 @@ class CausalLM:
         k = self.top_width() if spec.top_logits else 0
         if k:
             feed["top_k"][0] = k
+        if spec.logits_norm:
+            feed["norm_scale"][0] = self.norm_scale
         on_device = self._lazy and self.logits_on_device
         # rows left on the device need only the top arrays, fresh each pass (what DeviceRows holds of them does
         # not keep a reusable slot out of use; the device path binds every pass anyway)
-        slot, index = self._slot(rows, k) if not on_device else (self._new_slot(0, rows * k), None)
+        slot, index = self._slot(rows, k) if not on_device else (self._new_slot(0, rows * k, rows), None)
         key = None if index is None else (index, rows, k)
         if key is None or feed["out"] != key or self.device != "cpu":  # else: the same buffers are still bound
             if on_device:
@@ -551,7 +557,7 @@ class CausalLM:
         if feed is None:
             feed = b.ortspec_feed = {"seqlens": np.zeros(1, np.int32), "total": np.zeros((), np.int32),
                                      "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None,
-                                     "top_k": np.ones(1, np.int64)}
+                                     "top_k": np.ones(1, np.int64), "norm_scale": np.zeros(1, np.float32)}
         bind_ids = bind or feed["ids"].shape[1] != len(ids)
         if feed["ids"].shape[1] != len(ids):
             feed["ids"] = np.zeros((1, len(ids)), np.int64)
@@ -568,6 +574,8 @@ class CausalLM:
                 b.bind_cpu_input(spec.logits_to_keep, feed["keep"])
             if spec.top_logits:
                 b.bind_cpu_input(spec.top_logits["k"], feed["top_k"])
+            if spec.logits_norm:
+                b.bind_cpu_input(spec.logits_norm["scale"], feed["norm_scale"])
         if bind_ids:
             b.bind_cpu_input(spec.input_ids, feed["ids"])
         return feed, rows
@@ -578,10 +586,13 @@ class CausalLM:
         return max(1, min(self.top_k if self._lazy and self.top_rows else 1, self.spec.vocab_size))
 
     def _bind_top(self, b, slot: tuple, rows: int, k: int) -> None:
-        """Bind the graph's TopK outputs to a slot's host arrays as [1, rows, k] (copied there from any device)."""
+        """Bind the graph's TopK outputs (and normalizers) to a slot's host arrays as [1, rows, k] ([1, rows])
+        (copied there from any device)."""
         names = self.spec.top_logits
         b.bind_output(names["values"], "cpu", 0, np.float32, [1, rows, k], slot[4])
         b.bind_output(names["ids"], "cpu", 0, np.int64, [1, rows, k], slot[5])
+        if self.spec.logits_norm:
+            b.bind_output(self.spec.logits_norm["norm"], "cpu", 0, np.float32, [1, rows], slot[7])
 
     def _slot(self, rows: int, k: int) -> tuple[tuple, int | None]:
         """Host arrays for a pass's outputs — flat logits (rows x vocabulary), top values and top columns
@@ -595,21 +606,23 @@ class CausalLM:
         """
         width = self.spec.vocab_size
         if rows > self.HOST_ROWS or k > self.TOP_MAX:
-            return self._new_slot(rows * width, rows * max(k, 1)), None
+            return self._new_slot(rows * width, rows * max(k, 1), rows), None
         pool = self._host
         for i in range(len(pool)):  # (not enumerate: its reused tuple would hold one more reference)
             buf = pool[i][0]
             if sys.getrefcount(buf) <= 3:  # the slot, ``buf``, the call: nobody else holds it
                 return pool[i], i
-        slot = self._new_slot(self.HOST_ROWS * width, self.HOST_ROWS * self.TOP_MAX)
+        slot = self._new_slot(self.HOST_ROWS * width, self.HOST_ROWS * self.TOP_MAX, self.HOST_ROWS)
         if len(pool) < self.HOST_BUFFERS:
             pool.append(slot)
             return slot, len(pool) - 1
         return slot, None
 
-    def _new_slot(self, size: int, top: int) -> tuple:
+    def _new_slot(self, size: int, top: int, rows: int) -> tuple:
+        """(logits, top values, top columns, their addresses, row normalizers, its address)."""
         arrays = (np.empty(size, dtype=_NP[self.spec.dtype]), np.empty(top, np.float32), np.empty(top, np.int64))
-        return arrays + tuple(a.ctypes.data for a in arrays)
+        norms = np.empty(max(rows, 1), np.float32)
+        return arrays + tuple(a.ctypes.data for a in arrays) + (norms, norms.ctypes.data)
 
     def _trimmed(self, length: int) -> list:
         """The cache tensors cut to ``length`` positions (device-side Slice)."""
@@ -650,6 +663,9 @@ class CausalLM:
         if spec.top_logits:
             need_in.append(spec.top_logits["k"])
             need_out += [spec.top_logits["values"], spec.top_logits["ids"]]
+        if spec.logits_norm:
+            need_in.append(spec.logits_norm["scale"])
+            need_out.append(spec.logits_norm["norm"])
         missing = [n for n in need_in if n not in inputs] + [n for n in need_out if n not in outputs]
         if missing:
             from .errors import BundleError
@@ -764,6 +780,9 @@ class TopRows(_Rows):
     def __init__(self, lm: "CausalLM", slot: tuple, rows: int, k: int, start: int = 0, stop: int | None = None):
         self.lm, self.k, self.rows = lm, k, rows
         self.logits, self.values, self.cols = slot[0], slot[1], slot[2]  # (held: the slot stays out of use)
+        # each row's sum exp((logit - max) * scale) at the scale the pass ran with (None: not computed)
+        self.norms = slot[6] if lm.spec.logits_norm and lm.norm_scale > 0 else None
+        self.scale = lm.norm_scale
         self.start, self.stop = start, rows if stop is None else stop
         lm.rows_read += self.stop - self.start
 
@@ -794,6 +813,13 @@ class TopRows(_Rows):
                                           self.cols[:n * k].reshape(n, k), k)
         return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
 
+    def row_norm(self, i: int) -> tuple[float, float, int] | None:
+        """(scale, normalizer, block) of row ``i``: sum_j exp((logit_j - max) * scale) as the graph computed it in
+        float32 (in blocks of ``block`` entries, then over the blocks), None where the pass did not compute it."""
+        if self.norms is None:
+            return None
+        return self.scale, float(self.norms[self.start + i]), self.lm.spec.logits_norm["block"]
+
     def row_top(self, i: int, k: int) -> tuple[list, list, float]:
         """``top`` of one row as Python lists (what the sampling rules read, without NumPy calls)."""
         if min(int(k), self.lm.spec.output_vocab) > self.k:
@@ -820,6 +846,20 @@ class DeviceRow:
 
     def numpy(self) -> np.ndarray:
         return self.rows.numpy()[self.i]
+
+    @property
+    def width(self) -> int:
+        """The row's width (what ``numpy()`` would hold)."""
+        return self.rows.lm.spec.output_vocab
+
+    def norm(self) -> tuple[float, float, int] | None:
+        """(scale, normalizer, block) of this row where its pass computed one (TopRows.row_norm), else None."""
+        return self.rows.row_norm(self.i) if isinstance(self.rows, TopRows) else None
+
+    @property
+    def on_host(self) -> bool:
+        """Whether ``numpy()`` is the pass's own host buffer (a row used once may be processed in it)."""
+        return isinstance(self.rows, TopRows)
 
 
 def pass_bounds(n: int, size: int, tile: int = 0) -> list[int]:

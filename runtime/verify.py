@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .logits import Dist, inverse_cdf_list, sample_weights
+from .logits import Dist, acceptance_probability, inverse_cdf_list, sample_weights  # noqa: F401 (re-exported)
 
 # Below this mass the residual max(0, p - q) is numerical noise: p == q.
 RESIDUAL_EPS = 1e-12
@@ -45,15 +45,6 @@ def residual(target_probs: np.ndarray, draft_probs: np.ndarray) -> np.ndarray:
     return r / total
 
 
-def acceptance_probability(p_token: float, q_token: float) -> float:
-    """min(1, p/q) computed in log space; a token q gives no mass is rejected."""
-    if q_token <= 0.0:
-        return 0.0
-    if p_token <= 0.0:
-        return 0.0
-    return min(1.0, math.exp(math.log(p_token) - math.log(q_token)))
-
-
 def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
                    target_probs: np.ndarray, rng: np.random.Generator) -> Verdict:
     """Verify ``gamma`` drafted tokens against ``gamma + 1`` target distributions (dense arrays).
@@ -73,16 +64,18 @@ def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
 def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], target_dist: Callable[[int], Dist],
                  rng: np.random.Generator, min_mass: list | None = None) -> Verdict:
     """The same rules over ``Dist`` rows; ``target_dist(i)`` is asked for row i only when the verdict needs it
-    (rows after the first rejection are never computed). With ``min_mass``, sum_x min(p_i, q_i) of every
-    verified position is appended to it (the acceptance probability there, for statistics)."""
+    (rows after the first rejection are never computed); it may return a row that settles a draft's acceptance
+    without its whole distribution (``LazyRow``: ``accepts`` gives the verdict the whole distribution would,
+    ``dist()`` computes it when a draw needs it). With ``min_mass``, sum_x min(p_i, q_i) of every verified
+    position is appended to it (the acceptance probability there, for statistics)."""
     gamma = len(draft_tokens)
     for i, tok in enumerate(draft_tokens):
         target, draft = target_dist(i), draft_dists[i]
         if min_mass is not None:
             min_mass.append(target.min_mass(draft))
-        if rng.random() >= acceptance_probability(target.prob(tok), draft.prob(tok)):
-            return Verdict(i, residual_sample(target, draft, rng), False)
-    return Verdict(gamma, target_dist(gamma).sample(rng), True)
+        if not target.accepts(tok, draft.prob(tok), rng.random()):
+            return Verdict(i, residual_sample(target.dist(), draft, rng), False)
+    return Verdict(gamma, target_dist(gamma).dist().sample(rng), True)
 
 
 def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:

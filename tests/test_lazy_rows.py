@@ -1,0 +1,218 @@
+"""LazyRow: verification under settings without truncation settles a draft from the graph's normalizer and the
+row's largest entries. The verdict must be the whole row's, bit for bit, for every uniform number: checked on
+rows whose normalizer onnxruntime computes with the graph's own nodes, with uniform numbers placed at the very
+edge of each acceptance probability, and with a negative control (a normalizer the processors' changes were not
+put into) that the same check catches. A large-sample test checks the first committed token's distribution.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from ortspec import verify
+from ortspec.config import SamplingConfig, draft_sampling
+from ortspec.logits import LAZY_TOP, Dist, LazyRow, LogitsPipeline, acceptance_probability
+from ortspec.export.graph import add_top_outputs
+from stats_util import ALPHA, chi_square_p
+from test_fast_sampling import rows_of
+
+
+@pytest.fixture(scope="module")
+def norm_graph(tmp_path_factory):
+    """Sessions of a graph that returns its input as logits, with the TopK and normalizer export appends, per
+    width (the normalizer's nodes, as onnxruntime runs them in a target graph)."""
+    import onnx
+    from onnx import TensorProto, helper
+    made = {}
+
+    def session(width: int) -> ort.InferenceSession:
+        if width not in made:
+            path = tmp_path_factory.mktemp("norm") / "model.onnx"
+            x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "sequence_length", width])
+            out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "sequence_length", width])
+            graph = helper.make_graph([helper.make_node("Identity", ["x"], ["logits"])], "rows", [x], [out])
+            onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+            assert add_top_outputs(path, norm=True)
+            made[width] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return made[width]
+    return session
+
+
+class GraphRow:
+    """One row as a target pass returns it: its TopK and normalizer from onnxruntime, the row on the host."""
+
+    def __init__(self, sess, row: np.ndarray, k: int, scale: float, block: int):
+        k = min(k, row.size)
+        values, ids, norm = sess.run(["top_values", "top_ids", "logits_norm"],
+                                     {"x": row[None, None], "logits_top_k": np.array([k], np.int64),
+                                      "logits_norm_scale": np.array([scale], np.float32)})
+        self.row, self.values, self.ids = row, values[0, 0], ids[0, 0]
+        self.scale, self.z, self.block = scale, float(norm[0, 0]), block
+
+    def top(self, k: int):
+        values = self.values[:k].tolist()
+        return self.ids[:k].tolist(), values, values[-1] if k < self.row.size else -math.inf
+
+    def norm(self):
+        return self.scale, self.z, self.block
+
+    def numpy(self) -> np.ndarray:
+        return self.row
+
+    @property
+    def width(self) -> int:
+        return self.row.size
+
+    on_host = False  # (the whole row is copied before processing: the same row serves many checks)
+
+
+CASES = {
+    "T 0.7": dict(temperature=0.7),
+    "T 1.0": dict(temperature=1.0),
+    "T 0.3": dict(temperature=0.3),
+    "penalty 1.3": dict(repetition_penalty=1.3),
+    "penalty + bans": dict(repetition_penalty=1.1, temperature=0.8, bad_words_ids=[[3], [5, 7]]),
+}
+
+
+def _rows(kind: str, width: int, n: int, seed: int) -> np.ndarray:
+    return rows_of(kind, width, n, seed)
+
+
+def _context(row: np.ndarray, vocab: int, seed: int) -> list[int]:
+    """A context holding the row's largest entries (a penalty then changes the normalizer the most) and more."""
+    top = np.argsort(-row[:vocab])[:6].tolist()
+    return top + np.random.default_rng(seed).integers(0, vocab, 40).tolist() + [5]
+
+
+def _checks(pipe: LogitsPipeline, row: np.ndarray, base: list[int], full: Dist, seed: int):
+    """(token, q, u) triples: the row's likely tokens, a few others, banned ones; q around p; u at random and at
+    the edge of the exact acceptance probability (1e-3 ... 1e-12 either side, and on it)."""
+    rng = np.random.default_rng(seed)
+    vocab = pipe.vocab_size
+    tokens = np.argsort(-row[:vocab])[:8].tolist() + rng.integers(0, vocab, 4).tolist() + [3]
+    out = []
+    for t in tokens:
+        p = full.prob(t)
+        for q in (max(p, 1e-9) * f for f in (0.5, 0.97, 1.0, 1.03, 2.0)):
+            q = min(q, 1.0)
+            a = acceptance_probability(p, q)
+            out.append((t, q, float(rng.random()), False))
+            for e in (1e-3, 1e-6, 1e-9, 1e-12):
+                out += [(t, q, a * (1 - e), True), (t, q, min(a * (1 + e), 1 - 1e-16), True)]
+            out.append((t, q, a, True))
+    return out
+
+
+def _mismatches(norm_graph, cls, setting: dict, kind: str, width: int, vocab: int, rows: int = 4):
+    """Verdicts of ``cls`` rows that differ from the whole row's, over every check of every row; and of the checks
+    with a uniform number at random, how many it settled without the whole row, of how many."""
+    cfg = SamplingConfig(do_sample=True, top_k=0, **setting)
+    sess = norm_graph(width)
+    bad = settled = total = 0
+    for r, row in enumerate(_rows(kind, width, rows, seed=len(kind) + width)):
+        base = _context(row, vocab, r)
+        pipe = LogitsPipeline(cfg, vocab)
+        graph_row = GraphRow(sess, row, pipe.top_entries(), pipe.norm_scale(), 32 if width % 32 == 0 else 1)
+        full = pipe.row(row.copy(), base, [7])
+        for tok, q, u, edge in _checks(pipe, row, base, full, r):
+            lazy = cls(pipe, graph_row, base, [7])
+            before = pipe.lazy_settled
+            if lazy.accepts(tok, q, u) != full.accepts(tok, q, u):
+                bad += 1
+            if not edge:
+                settled += pipe.lazy_settled - before
+                total += 1
+    return bad, settled, total
+
+
+@pytest.mark.parametrize("setting", list(CASES))
+@pytest.mark.parametrize("kind,width,vocab", [("peaked", 20_000, 20_000), ("flat", 4096, 4096),
+                                              ("ties", 2000, 2000), ("peaked", 151_936, 151_665),
+                                              ("peaked", 1000, 1000)])
+def test_lazy_verdicts_are_the_whole_rows(norm_graph, setting, kind, width, vocab):
+    bad, settled, total = _mismatches(norm_graph, LazyRow, CASES[setting], kind, width, vocab)
+    assert bad == 0
+    if kind == "peaked":  # the bounds are tight: only uniform numbers within ~1e-3 of the edge need the row
+        assert settled >= 0.95 * total, (settled, total)
+
+
+class UnchangedNorm(LazyRow):
+    """Wrong on purpose: reads the graph's normalizer as the processed row's (the penalty's and bans' changes
+    are not put in)."""
+
+    def _changed_mass(self, m, inv_t):
+        return 0.0, 0.0
+
+
+def test_negative_control_a_normalizer_without_the_penalty_is_caught(norm_graph):
+    bad, _, _ = _mismatches(norm_graph, UnchangedNorm, CASES["penalty 1.3"], "peaked", 20_000, 20_000)
+    assert bad > 0
+
+
+def test_min_mass_from_the_bounds_is_close(norm_graph):
+    vocab = 20_000
+    cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.7, repetition_penalty=1.1)
+    pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
+    for r, row in enumerate(_rows("peaked", vocab, 4, seed=11)):
+        base = _context(row, vocab, r)
+        q = draft_pipe.row(row + np.random.default_rng(r).standard_normal(vocab).astype(np.float32), base)
+        graph_row = GraphRow(norm_graph(vocab), row, pipe.top_entries(), pipe.norm_scale(), 32)
+        exact = pipe.row(row.copy(), base).min_mass(q)
+        lazy = LazyRow(pipe, graph_row, base, [])
+        assert abs(lazy.min_mass(q) - exact) <= LazyRow.MASS_WIDTH
+        assert lazy._dist is None  # settled from the bounds
+
+
+def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):
+    """A pass that computed no normalizer (scale 0, or a bundle without one) gives the whole row's verdicts."""
+    vocab = 2000
+    cfg = SamplingConfig(do_sample=True, top_k=0)
+    pipe = LogitsPipeline(cfg, vocab)
+    row = _rows("peaked", vocab, 1, 3)[0]
+    graph_row = GraphRow(norm_graph(vocab), row, pipe.top_entries(), 0.5, 32)  # another temperature's
+    lazy = LazyRow(pipe, graph_row, [], [])
+    full = pipe.row(row.copy(), [])
+    tok = int(np.argmax(row))
+    assert lazy.accepts(tok, 0.9, 0.5) == full.accepts(tok, 0.9, 0.5)
+    assert lazy._dist is not None and pipe.lazy_read == 1
+
+
+def test_first_token_is_distributed_as_the_target_with_lazy_rows(norm_graph):
+    """60k seeded rounds of one draft: the committed token follows p (chi-square), and a verifier fed a wrong
+    normalizer (the penalty not put in) is caught by the same test."""
+    vocab = 64
+    cfg = SamplingConfig(do_sample=True, top_k=0, temperature=1.0, repetition_penalty=3.0)
+    pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
+    rng0 = np.random.default_rng(0)
+    row = (rng0.standard_normal(vocab) * 1.5).astype(np.float32)
+    row[[1, 2, 3]] += 3.0
+    base = [1, 2]  # the two largest are penalized
+    graph_row = GraphRow(norm_graph(vocab), row, pipe.top_entries(), pipe.norm_scale(), 32)
+    p = pipe.row(row.copy(), base)
+    q = draft_pipe.row(row + rng0.standard_normal(vocab).astype(np.float32), base)
+    exact = p.dense(vocab)
+    assert 0.05 < 1 - p.min_mass(q) < 0.95
+    bonus = Dist.one_hot(0)
+    settled = pipe.lazy_settled
+    for cls, passes in ((LazyRow, True), (UnchangedNorm, False)):
+        rng = np.random.default_rng(1)
+        counts = np.zeros(vocab, dtype=np.int64)
+        for _ in range(60_000):
+            d = q.sample(rng)
+            v = verify.verify_dists([d], [q], lambda i: cls(pipe, graph_row, base, []) if i == 0 else bonus, rng)
+            counts[d if v.accepted else v.next_token] += 1
+        assert (chi_square_p(counts, exact) > ALPHA) == passes, cls.__name__
+        if cls is LazyRow:
+            assert pipe.lazy_settled - settled > 50_000  # the verdicts came from the bounds
+
+
+def test_lazy_rows_only_without_truncation():
+    def lazy(**kw):
+        return LogitsPipeline(SamplingConfig(do_sample=True, **kw), 1000)._lazy_rows()
+    assert lazy(top_k=0) and lazy(top_k=0, repetition_penalty=1.2, bad_words_ids=[[4]]) and lazy(top_k=1000)
+    assert not lazy(top_k=20) and not lazy(top_k=0, top_p=0.9) and not lazy(top_k=0, repetition_penalty=0.9)
+    assert LogitsPipeline(SamplingConfig(do_sample=True, top_k=0), 1000).top_entries() == LAZY_TOP

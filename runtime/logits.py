@@ -132,11 +132,21 @@ class Dist:
 
     def sample(self, rng: np.random.Generator) -> int:
         """One draw by inverse CDF (one uniform number)."""
+        return self.draw(rng.random())
+
+    def draw(self, u: float) -> int:
+        """The draw for the uniform number ``u``: inverse CDF over ids ascending (sparse), or over the heavy
+        weights by id and then the rest in block order (dense: ``draw_weights``)."""
         if self.tokens is not None:
-            return self.tokens[inverse_cdf_list(self.plist, rng.random())]
+            return self.tokens[inverse_cdf_list(self.plist, u)]
         if self._ids is not None:
-            return int(self._ids[_inverse_cdf(self._probs, rng.random())])
-        return sample_weights(self.weights, rng.random())
+            return int(self._ids[_inverse_cdf(self._probs, u)])
+        return draw_weights(self.weights, self.total, u)
+
+    def residual(self, draft: "Dist", u: float) -> int:
+        """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (verify.residual_draw)."""
+        from .verify import residual_draw
+        return residual_draw(self, draft, u)
 
     def dist(self) -> "Dist":
         return self
@@ -186,6 +196,28 @@ def min_mass_lists(tokens: list[int], plist: list[float], other_tokens: list[int
 def _inverse_cdf(weights: np.ndarray, u: float) -> int:
     cdf = np.cumsum(weights)
     return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), weights.size - 1)
+
+
+RESIDUAL_EPS = 1e-12   # below this mass the residual max(0, p - q) is numerical noise: p == q
+HEAD_MIN = 2.0 ** -10  # dense weights at least this (the largest is 1) are drawn first, by id
+
+
+def draw_weights(weights: np.ndarray, total: float, u: float) -> int:
+    """Inverse-CDF draw from float32 ``weights`` (largest 1, sum ``total`` as ``_total`` gives it) for ``u``: first
+    over the weights >= HEAD_MIN in id order (float64 running sums), then, past them, over the rest in block
+    order (``sample_weights``). Where a row's weights are peaked, the head holds nearly all the mass, and
+    LazyRow draws from it without the rest of the row."""
+    head = np.flatnonzero(weights >= HEAD_MIN)
+    x, acc = u * total, 0.0
+    for i, w in zip(head.tolist(), weights[head].tolist()):
+        acc += w
+        if acc > x:
+            return i
+    if not total > acc:
+        return int(head[-1]) if head.size else sample_weights(weights, u)
+    rest = weights.copy()
+    rest[head] = 0
+    return sample_weights(rest, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
 
 
 def sample_weights(weights: np.ndarray, u: float) -> int:
@@ -368,21 +400,21 @@ class LogitsPipeline:
         return 0
 
     def _lazy_rows(self) -> bool:
-        """Whether verification may settle this pipeline's rows with LazyRow: sampling without truncation."""
+        """Whether verification may settle this pipeline's rows with LazyRow: sampling without top-k (with or
+        without top-p)."""
         cfg = self.config
-        return (cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and cfg.top_p >= 1.0
-                and cfg.repetition_penalty >= 1.0)
+        return cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and cfg.repetition_penalty >= 1.0
 
     def norm_scale(self) -> float:
         """The scale of the normalizer a pass computes per row where its graph has one (1 / temperature): what
         LazyRow reads; 0 when these rules do not read it."""
         return 1.0 / self.config.temperature if self._lazy_rows() else 0.0
 
-    def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
-        """A target row for verification: a LazyRow where the row comes with its largest entries, the settings do
-        not truncate and it is not the ``last`` row (whose distribution the bonus draw needs anyway); else
+    def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = ()):
+        """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
+        have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries); else
         ``row`` (in place: a row is verified once)."""
-        if not last and hasattr(logits, "top") and self._lazy_rows():
+        if hasattr(logits, "top") and self._lazy_rows():
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
 
@@ -600,6 +632,18 @@ class LogitsPipeline:
         return Dist(ids[order], w / w.sum())
 
 
+def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
+    """The index an inverse CDF picks (the first whose running sum exceeds x) when every entry i is only known
+    to lie in [lo[i], hi[i]] and x in [x_lo, x_hi]: None unless the same index is picked whatever they are."""
+    low = high = before = 0.0
+    for i, (a, b) in enumerate(zip(lo, hi)):
+        low, high = low + a, high + b
+        if low * (1 - 1e-12) > x_hi * (1 + 1e-12):
+            return i if before * (1 + 1e-12) <= x_lo * (1 - 1e-12) else None
+        before = high
+    return None
+
+
 class LazyRow:
     """A target row under settings without truncation, in verification. The verdict on a draft x needs only
     min(1, p(x) / q(x)), and p(x) = weight(x) / total needs the whole row only for the total; the graph computed
@@ -642,7 +686,115 @@ class LazyRow:
         return self.dist().prob(token)
 
     def sample(self, rng: np.random.Generator) -> int:
-        return self.dist().sample(rng)
+        return self.draw(rng.random())
+
+    def draw(self, u: float) -> int:
+        """``Dist.draw`` of the row's distribution for ``u``, from the bounds where they settle it."""
+        if self._dist is None:
+            got = self._lazy_draw(u)
+            if got is not None:
+                self.pipe.lazy_settled += 1
+                return got
+        self.pipe.lazy_read += 1
+        return self.dist().draw(u)
+
+    def residual(self, draft: Dist, u: float) -> int:
+        """``Dist.residual`` of the row's distribution for ``u``, from the bounds where they settle it."""
+        if self._dist is None and draft.small:
+            got = self._lazy_residual(draft, u)
+            if got is not None:
+                self.pipe.lazy_settled += 1
+                return got
+        self.pipe.lazy_read += 1
+        return self.dist().residual(draft, u)
+
+    def _lazy_draw(self, u: float) -> int | None:
+        read = self._bounds()
+        if read is None:
+            return None
+        scores, top, inv_t, z_lo, z_hi, kept, bound = read
+        if kept is not None:  # a nucleus (ids ascending): inverse CDF over p = weight / the kept weights' sum
+            nucleus, s_lo, s_hi = kept
+            ids = sorted(nucleus)
+            w = [self._w_bounds(scores[t], top, inv_t) for t in ids]
+            lo, hi = [a / s_hi for a, _ in w], [b / s_lo for _, b in w]
+            i = _pick(lo, hi, u * math.fsum(lo), u * math.fsum(hi))
+            return None if i is None else ids[i]
+        head = self._head({}, top, inv_t, bound, scores)
+        if head is None:
+            return None
+        i = _pick([w[0] for _, w in head], [w[1] for _, w in head], u * z_lo, u * z_hi)
+        return None if i is None else head[i][0]
+
+    def _head(self, changed: dict, top: float, inv_t: float, bound: float, scores: dict):
+        """The tokens ``draw_weights`` draws first (weight >= HEAD_MIN), ascending, with their weight bounds
+        (``changed``: bounds that replace some weights); None when the bounds do not settle which they are."""
+        if bound > -math.inf and self._w_bounds(bound, top, inv_t)[1] >= HEAD_MIN:
+            return None  # a token not read could be among them
+        head = []
+        for t, v in scores.items():
+            w = changed.get(t) or (self._w_bounds(v, top, inv_t) if v > -math.inf else (0.0, 0.0))
+            if w[0] >= HEAD_MIN:
+                head.append((t, w))
+            elif w[1] >= HEAD_MIN:
+                return None
+        head.sort()
+        return head
+
+    def _lazy_residual(self, draft: Dist, u: float) -> int | None:
+        """``verify.residual_draw`` for a small q, from the bounds (None where they do not settle it)."""
+        read = self._bounds()
+        if read is None:
+            return None
+        scores, top, inv_t, z_lo, z_hi, kept, bound = read
+        p = self._p_bounds(draft.tokens)  # (also reads the row's scores of q's tokens)
+        if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
+            nucleus, s_lo, s_hi = kept
+            q = dict(zip(draft.tokens, draft.plist))
+            ids = sorted(nucleus | set(q))
+            lo, hi = [], []
+            for t in ids:
+                w = self._w_bounds(scores[t], top, inv_t) if t in nucleus else (0.0, 0.0)
+                lo.append(max(w[0] / s_hi - q.get(t, 0.0), 0.0))
+                hi.append(max(w[1] / s_lo - q.get(t, 0.0), 0.0))
+            r_lo, r_hi = math.fsum(lo) * (1 - 1e-12), math.fsum(hi) * (1 + 1e-12)
+            if r_hi <= RESIDUAL_EPS:
+                return self._lazy_draw(u)
+            if not r_lo > RESIDUAL_EPS:
+                return None
+            i = _pick(lo, hi, u * r_lo, u * r_hi)
+            return None if i is None else ids[i]
+        # dense p: q's tokens get weights (p - min(p, q')) * total (q' = q normalized), float32
+        q_sum = math.fsum(draft.plist)
+        qn = [x / q_sum for x in draft.plist]
+        overlap_lo = math.fsum(min(a, q) for (a, _), q in zip(p, qn))
+        overlap_hi = math.fsum(min(b, q) for (_, b), q in zip(p, qn))
+        if 1.0 - overlap_hi * (1 + 1e-12) > RESIDUAL_EPS:
+            pass
+        elif 1.0 - overlap_lo * (1 - 1e-12) <= RESIDUAL_EPS:
+            return self._lazy_draw(u)
+        else:
+            return None
+        changed, w_s, r_s = {}, [0.0, 0.0], [0.0, 0.0]
+        for t, q in zip(draft.tokens, qn):
+            s = scores.get(t)
+            w = self._w_bounds(s, top, inv_t) if s is not None and s > -math.inf else (0.0, 0.0)
+            r = (max(0.0, w[0] - q * z_hi) * (1 - 1e-6), max(0.0, w[1] - q * z_lo) * (1 + 1e-6) + self.TINY)
+            changed[t] = r
+            w_s[0] += w[0]
+            w_s[1] += w[1]
+            r_s[0] += r[0]
+            r_s[1] += r[1]
+        e = 33 * self.ULP  # a 32-entry float32 block sum's error, and then some
+        total_lo = (z_lo / (1 + e) - w_s[1] + r_s[0]) * (1 - e)
+        total_hi = (z_hi / (1 - e) - w_s[0] + r_s[1]) * (1 + e)
+        if not total_lo > 0:
+            return None
+        head = self._head(changed, top, inv_t, bound, scores)
+        if head is None:
+            return None
+        i = _pick([w[0] for _, w in head], [w[1] for _, w in head], u * total_lo, u * total_hi)
+        return None if i is None else head[i][0]
 
     def accepts(self, token: int, q: float, u: float) -> bool:
         if self._dist is None:
@@ -706,14 +858,48 @@ class LazyRow:
         u = self.ULP
         delta = ((block - 1) + (-(-width // block) - 1) + 124) * u * 1.01 + width * 2e-16
         slack = 1e-12 * (extra + 2 * changed_raw)
-        shift = math.exp((m - top) * inv_t)  # the graph's reference (raw max) -> the host's (processed max)
+        shift = self._shift(m, top, inv_t)
         lo = (z_graph / (1 + delta) - extra - changed - slack) * shift * (1 - 1e-12)
         hi = (z_graph / (1 - delta) - extra - changed + slack) * shift * (1 + 1e-12)
         host = self.Z_SLACK + self.W_SLACK + self.W_SLACK_Y * 40 + 32 * u
         lo, hi = lo * (1 - host) - width * self.TINY, hi * (1 + host) + width * self.TINY
         if not (lo > 0 and math.isfinite(hi)):
             return None
-        return scores, top, inv_t, lo, hi
+        kept = None
+        if pipe.config.top_p < 1.0:
+            kept = self._nucleus(scores, top, inv_t, lo, hi, bound)
+            if kept is None:
+                return None
+        return scores, top, inv_t, lo, hi, kept, bound
+
+    def _nucleus(self, scores: dict, top: float, inv_t: float, z_lo: float, z_hi: float, bound: float):
+        """Top-p over the tokens read: the kept ones and bounds of their weights' sum, when the bounds settle
+        the cut among them (the mass before a token, in the top-p order, decidedly below top_p, or the mass
+        through it decidedly at or above); None otherwise. The probability of a kept token is then its weight
+        over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only
+        tokens scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it)."""
+        items = sorted(((t, v) for t, v in scores.items() if v > bound), key=lambda kv: (-kv[1], kv[0]))
+        bounds = [self._w_bounds(v, top, inv_t) for _, v in items]  # (the top-p order: score, then id)
+        rest = self._w_bounds(bound, top, inv_t)[1] if bound > -math.inf else 0.0
+        top_p = self.pipe.config.top_p
+        c_lo = c_hi = 0.0
+        for j, (w_lo, w_hi) in enumerate(bounds):
+            c_lo, c_hi = c_lo + w_lo, c_hi + w_hi
+            if c_hi * (1 + 1e-12) / z_lo < top_p:
+                continue  # the next token is kept
+            if c_lo * (1 - 1e-12) / z_hi < top_p:
+                return None  # the cut is not settled here
+            after = max(bounds[j + 1][1] if j + 1 < len(bounds) else 0.0, rest)
+            if not after < w_lo:
+                return None  # the order at the cut is not settled (weights within each other's bounds)
+            return {t for t, _ in items[:j + 1]}, c_lo * (1 - 1e-12), c_hi * (1 + 1e-12)
+        return None  # the nucleus reaches past the tokens read
+
+    @staticmethod
+    def _shift(m: float, top: float, inv_t: float) -> float:
+        """The factor from the graph's reference (the raw row's largest logit ``m``) to the host's (the largest
+        processed score ``top``)."""
+        return math.exp((m - top) * inv_t)
 
     def _changed_mass(self, m: float, inv_t: float) -> tuple[float, float]:
         """What the processors change in the normalizer (reference ``m``): the raw terms of the ids they change,
@@ -730,7 +916,9 @@ class LazyRow:
         read = self._bounds()
         if read is None:
             return None
-        scores, top, inv_t, z_lo, z_hi = read
+        scores, top, inv_t, z_lo, z_hi, kept, _ = read
+        if kept is not None:  # a nucleus: p = weight / the kept weights' sum, 0 outside it
+            kept, z_lo, z_hi = kept
         vocab = self.pipe.vocab_size
         miss = [t for t in tokens if t not in scores and 0 <= t < vocab]
         if miss:  # tokens below the largest entries: their raw scores from the row, processed here
@@ -739,14 +927,19 @@ class LazyRow:
         out = []
         for t in tokens:
             s = scores.get(t)
-            if s is None or s == -math.inf:
-                out.append((0.0, 0.0))  # outside the vocabulary, or banned: exactly 0 in the whole row too
+            if s is None or s == -math.inf or (kept is not None and t not in kept):
+                out.append((0.0, 0.0))  # outside the vocabulary or the nucleus, or banned: exactly 0 there too
                 continue
-            y = (s - top) * inv_t * LOG2_E
-            w = 2.0 ** y if y > -1100 else 0.0
-            d = self.W_SLACK + self.W_SLACK_Y * abs(y)
-            out.append((max(0.0, w * (1.0 - d) - self.TINY) / z_hi, (w * (1.0 + d) + self.TINY) / z_lo))
+            w_lo, w_hi = self._w_bounds(s, top, inv_t)
+            out.append((w_lo / z_hi, w_hi / z_lo))
         return out
+
+    def _w_bounds(self, score: float, top: float, inv_t: float) -> tuple[float, float]:
+        """Bounds of the host's weight of a processed score (not banned)."""
+        y = (score - top) * inv_t * LOG2_E
+        w = 2.0 ** y if y > -1100 else 0.0
+        d = self.W_SLACK + self.W_SLACK_Y * abs(y)
+        return max(0.0, w * (1.0 - d) - self.TINY), w * (1.0 + d) + self.TINY
 
 
 def _total(weights: np.ndarray) -> float:

@@ -14,10 +14,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .logits import Dist, acceptance_probability, inverse_cdf_list, sample_weights  # noqa: F401 (re-exported)
-
-# Below this mass the residual max(0, p - q) is numerical noise: p == q.
-RESIDUAL_EPS = 1e-12
+from .logits import (RESIDUAL_EPS, Dist, _total, acceptance_probability, draw_weights,  # noqa: F401 (re-exported)
+                     inverse_cdf_list)
 
 
 @dataclass(frozen=True)
@@ -74,37 +72,44 @@ def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], targe
         if min_mass is not None:
             min_mass.append(target.min_mass(draft))
         if not target.accepts(tok, draft.prob(tok), rng.random()):
-            return Verdict(i, residual_sample(target.dist(), draft, rng), False)
-    return Verdict(gamma, target_dist(gamma).dist().sample(rng), True)
+            return Verdict(i, target.residual(draft, rng.random()), False)
+    return Verdict(gamma, target_dist(gamma).draw(rng.random()), True)
 
 
 def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:
     """One draw from normalize(max(0, p - q)); from p when p and q coincide (residual mass ~0)."""
+    return residual_draw(target, draft, rng.random())
+
+
+def residual_draw(target: Dist, draft: Dist, u: float) -> int:
+    """``residual_sample`` for the uniform number ``u``."""
     if target.small and draft.small:  # plain Python over the union of two small supports
         there = dict(zip(draft.tokens, draft.plist))
         mass = dict(zip(target.tokens, target.plist))
         ids = sorted(set(mass) | set(there))
         r = [max(mass.get(t, 0.0) - there.get(t, 0.0), 0.0) for t in ids]
         if math.fsum(r) <= RESIDUAL_EPS:
-            return target.sample(rng)
-        return ids[inverse_cdf_list(r, rng.random())]
+            return target.draw(u)
+        return ids[inverse_cdf_list(r, u)]
     if target.sparse and draft.sparse:
         ids = np.union1d(target.ids, draft.ids)
         r = np.maximum(target.probs_of(ids) - draft.probs_of(ids), 0.0)
         if r.sum() <= RESIDUAL_EPS:
-            return target.sample(rng)
+            return target.draw(u)
         cdf = np.cumsum(r)
-        return int(ids[min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), ids.size - 1)])
+        return int(ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), ids.size - 1)])
     if not target.sparse and draft.sparse:  # the usual dense case: q lives on a few ids, p everywhere
         p_there = target.probs_of(draft.ids)
         overlap = np.minimum(p_there, draft.probs / draft.probs.sum())
         if 1.0 - overlap.sum() <= RESIDUAL_EPS:
-            return target.sample(rng)
+            return target.draw(u)
         weights = target.weights.copy()
         weights[draft.ids] = ((p_there - overlap) * target.total).astype(np.float32)
-        return sample_weights(weights, rng.random())
+        return draw_weights(weights, _total(weights), u)
     width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
-    return sample(residual(target.dense(width), draft.dense(width)), rng)
+    r = residual(target.dense(width), draft.dense(width))
+    cdf = np.cumsum(r)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), r.shape[0] - 1)
 
 
 def greedy_verify(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:

@@ -472,17 +472,6 @@ class LogitsPipeline:
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
         return tok, val, float(bound)
 
-    def _processed(self, token: int, raw: float, base: Sequence[int], new: Sequence[int]) -> float:
-        """One token's processed score from its raw one (the penalty as a float32 row gets it; -inf if banned)."""
-        if self.config.bad_words_ids and token in self._banned_list(base, new):
-            return -math.inf
-        if self.config.repetition_penalty != 1.0:
-            self._update_seen(base)
-            if token in self._seen or token in {int(t) for t in new}:
-                t32 = self._theta32
-                return array("f", [raw * t32 if raw < 0 else raw / t32])[0]
-        return raw
-
     # -- warpers (sampling) -----------------------------------------------
     def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
         """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
@@ -666,7 +655,7 @@ class LazyRow:
     - the acceptance probability within a relative P_SLACK (its log and exp).
     """
 
-    __slots__ = ("pipe", "row", "base", "new", "_dist", "_read")
+    __slots__ = ("pipe", "row", "base", "new", "_dist", "_read", "_coarse")
     W_SLACK, W_SLACK_Y, TINY, Z_SLACK, P_SLACK = 1e-5, 1e-6, 2.0 ** -99, 1e-5, 1e-9
     ULP = 2.0 ** -24
     MASS_WIDTH = 1e-3  # sum min(p, q) is taken from the bounds when they hold it this tightly (statistics only)
@@ -674,7 +663,9 @@ class LazyRow:
     def __init__(self, pipe: "LogitsPipeline", row, base: Sequence[int], new: Sequence[int]):
         self.pipe, self.row, self.base, self.new = pipe, row, base, new
         self._dist: Dist | None = None
-        self._read = None  # (processed scores of the tokens read, max score, 1/T, the total's lower and upper bound)
+        self._read = None  # (processed scores of the tokens read, max score, 1/T, the total's lower and upper bound,
+        #                   the nucleus, the bound on entries not read)
+        self._coarse = False  # the processors' changes to entries not read are bounded, not summed
 
     def dist(self) -> Dist:
         """The row's distribution, as ``LogitsPipeline.row`` gives it (computed once)."""
@@ -690,23 +681,13 @@ class LazyRow:
 
     def draw(self, u: float) -> int:
         """``Dist.draw`` of the row's distribution for ``u``, from the bounds where they settle it."""
-        if self._dist is None:
-            got = self._lazy_draw(u)
-            if got is not None:
-                self.pipe.lazy_settled += 1
-                return got
-        self.pipe.lazy_read += 1
-        return self.dist().draw(u)
+        got = self._settle(lambda: self._lazy_draw(u))
+        return self.dist().draw(u) if got is None else got
 
     def residual(self, draft: Dist, u: float) -> int:
         """``Dist.residual`` of the row's distribution for ``u``, from the bounds where they settle it."""
-        if self._dist is None and draft.small:
-            got = self._lazy_residual(draft, u)
-            if got is not None:
-                self.pipe.lazy_settled += 1
-                return got
-        self.pipe.lazy_read += 1
-        return self.dist().residual(draft, u)
+        got = self._settle(lambda: self._lazy_residual(draft, u) if draft.small else None)
+        return self.dist().residual(draft, u) if got is None else got
 
     def _lazy_draw(self, u: float) -> int | None:
         read = self._bounds()
@@ -797,25 +778,44 @@ class LazyRow:
         return None if i is None else head[i][0]
 
     def accepts(self, token: int, q: float, u: float) -> bool:
+        got = self._settle(lambda: self._lazy_accepts(token, q, u))
+        return self.dist().accepts(token, q, u) if got is None else got
+
+    def _settle(self, attempt):
+        """``attempt()`` from the bounds, once more from exact ones where it did not settle and the bounds were
+        coarse (``_refine``); None when the whole row must decide."""
         if self._dist is None:
-            bounds = self._p_bounds([token])
-            if bounds is not None:
-                lo, hi = (acceptance_probability(p, q) for p in bounds[0])
-                if u < lo * (1.0 - self.P_SLACK) or u >= hi * (1.0 + self.P_SLACK):
-                    self.pipe.lazy_settled += 1
-                    return u < lo * (1.0 - self.P_SLACK)
+            got = attempt()
+            if got is None and self._refine():
+                got = attempt()
+            if got is not None:
+                self.pipe.lazy_settled += 1
+                return got
         self.pipe.lazy_read += 1
-        return self.dist().accepts(token, q, u)
+        return None
+
+    def _lazy_accepts(self, token: int, q: float, u: float) -> bool | None:
+        bounds = self._p_bounds([token])
+        if bounds is None:
+            return None
+        lo, hi = (acceptance_probability(p, q) for p in bounds[0])
+        if u < lo * (1.0 - self.P_SLACK) or u >= hi * (1.0 + self.P_SLACK):
+            return u < lo * (1.0 - self.P_SLACK)
+        return None
 
     def min_mass(self, other: Dist) -> float:
         """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are MASS_WIDTH apart or less)."""
-        if self._dist is None and other.small:
+        for _ in range(2):
+            if self._dist is not None or not other.small:
+                break
             bounds = self._p_bounds(other.tokens)
             if bounds is not None:
                 lo = math.fsum(min(b[0], q) for b, q in zip(bounds, other.plist))
                 hi = math.fsum(min(b[1], q) for b, q in zip(bounds, other.plist))
                 if hi - lo <= self.MASS_WIDTH:
                     return 0.5 * (lo + hi)
+            if not self._refine():
+                break
         return self.dist().min_mass(other)
 
     def _bounds(self):
@@ -828,7 +828,16 @@ class LazyRow:
                 self._read = self._from_norm(*norm) or False
         return self._read or None
 
-    def _from_norm(self, scale: float, z_graph: float, block: int):
+    def _refine(self) -> bool:
+        """Where the bounds took the processors' changes to entries not read as a range, sum them exactly (one
+        NumPy pass over the changed ids) and bound again: True when that was done."""
+        if not (self._coarse and self._read):
+            return False
+        self._coarse = False
+        self._read = self._from_norm(*self.row.norm(), exact=True) or False
+        return True
+
+    def _from_norm(self, scale: float, z_graph: float, block: int, exact: bool = False):
         pipe = self.pipe
         inv_t = 1.0 / pipe.config.temperature
         if not (math.isfinite(z_graph) and z_graph >= 1.0 and abs(scale - inv_t) <= 1e-12 * inv_t):
@@ -838,6 +847,8 @@ class LazyRow:
         if not len(values):
             return None
         m = float(values[0])  # the largest logit of the graph's row: the normalizer's reference
+        raw_read = dict(zip(found[0].tolist() if isinstance(found[0], np.ndarray) else list(found[0]),
+                            values.tolist() if isinstance(values, np.ndarray) else list(values)))
         read = pipe._read_top(self.row, 0, self.base, self.new, found=found)
         if read is None:
             return None
@@ -849,17 +860,21 @@ class LazyRow:
         # the graph's sum covers the raw row over its width: take out columns past the vocabulary and put the
         # processors' changes in (float64 on the host, exact to ~1e-15)
         width = self.row.width if hasattr(self.row, "width") else self.row.numpy().shape[0]
-        extra = changed = changed_raw = 0.0
+        extra = changed = changed_raw = unread = 0.0
         if width > pipe.vocab_size:
             row = self.row.numpy()
             extra = float(np.exp((row[pipe.vocab_size:].astype(np.float64) - m) * inv_t).sum())
         if pipe.config.repetition_penalty != 1.0 or pipe.config.bad_words_ids:
-            changed_raw, changed = self._changed_mass(m, inv_t)
+            if exact:
+                changed_raw, changed = self._changed_mass(m, inv_t)
+            else:  # the changes among the entries read; each other changed id lowers the sum by 0 to its raw term
+                changed_raw, changed, unread = self._changed_read(raw_read, scores, m, inv_t, bound)
+                self._coarse = unread > 0
         u = self.ULP
         delta = ((block - 1) + (-(-width // block) - 1) + 124) * u * 1.01 + width * 2e-16
-        slack = 1e-12 * (extra + 2 * changed_raw)
+        slack = 1e-12 * (extra + 2 * changed_raw + unread)
         shift = self._shift(m, top, inv_t)
-        lo = (z_graph / (1 + delta) - extra - changed - slack) * shift * (1 - 1e-12)
+        lo = (z_graph / (1 + delta) - extra - changed - unread - slack) * shift * (1 - 1e-12)
         hi = (z_graph / (1 - delta) - extra - changed + slack) * shift * (1 + 1e-12)
         host = self.Z_SLACK + self.W_SLACK + self.W_SLACK_Y * 40 + 32 * u
         lo, hi = lo * (1 - host) - width * self.TINY, hi * (1 + host) + width * self.TINY
@@ -868,6 +883,9 @@ class LazyRow:
         kept = None
         if pipe.config.top_p < 1.0:
             kept = self._nucleus(scores, top, inv_t, lo, hi, bound)
+            if kept is None and self._coarse:  # bounds from the exact changes may settle the cut
+                self._coarse = False
+                return self._from_norm(scale, z_graph, block, exact=True)
             if kept is None:
                 return None
         return scores, top, inv_t, lo, hi, kept, bound
@@ -901,6 +919,34 @@ class LazyRow:
         processed score ``top``)."""
         return math.exp((m - top) * inv_t)
 
+    def _changed_read(self, raw: dict, scores: dict, m: float, inv_t: float, bound: float):
+        """The processors' changes to the normalizer (reference ``m``) among the entries read (their raw terms,
+        and those less the processed terms), and a bound on the changes to the others: at most the raw term at
+        ``bound`` for each other id the penalty or a ban may change. Plain Python."""
+        seen, new, banned = self._changed_ids()
+        raw_sum = change = 0.0
+        hits = 0
+        for t, s in scores.items():
+            if t in seen or t in new or t in banned:
+                hits += 1
+                r = math.exp((raw[t] - m) * inv_t)
+                raw_sum += r
+                change += r - (math.exp((s - m) * inv_t) if s > -math.inf else 0.0)
+        others = len(seen) + len(new) + len(banned) - hits  # (an id in two of them counted twice: more room)
+        return raw_sum, change, others * math.exp((bound - m) * inv_t) if others and bound > -math.inf else 0.0
+
+    def _changed_ids(self) -> tuple:
+        """(the context's distinct ids, the new ones, the banned ones) as sets (empty where no processor reads
+        them)."""
+        pipe = self.pipe
+        seen = new = banned = ()
+        if pipe.config.repetition_penalty != 1.0:
+            pipe._update_seen(self.base)
+            seen, new = pipe._seen, {int(t) for t in self.new}
+        if pipe.config.bad_words_ids:
+            banned = set(pipe._banned_list(self.base, self.new))
+        return seen, new, banned
+
     def _changed_mass(self, m: float, inv_t: float) -> tuple[float, float]:
         """What the processors change in the normalizer (reference ``m``): the raw terms of the ids they change,
         and those less the processed terms (float64)."""
@@ -922,8 +968,14 @@ class LazyRow:
         vocab = self.pipe.vocab_size
         miss = [t for t in tokens if t not in scores and 0 <= t < vocab]
         if miss:  # tokens below the largest entries: their raw scores from the row, processed here
+            seen, new, banned = self._changed_ids()
+            t32 = self.pipe._theta32
             for t, r in zip(miss, self.row.numpy()[miss].tolist()):
-                scores[t] = self.pipe._processed(t, r, self.base, self.new)
+                if t in banned:
+                    r = -math.inf
+                elif t in seen or t in new:  # penalized as a float32 row is
+                    r = array("f", [r * t32 if r < 0 else r / t32])[0]
+                scores[t] = r
         out = []
         for t in tokens:
             s = scores.get(t)

@@ -153,6 +153,9 @@ class UnchangedNorm(LazyRow):
     def _changed_mass(self, m, inv_t):
         return 0.0, 0.0
 
+    def _changed_read(self, raw, scores, m, inv_t, bound):
+        return 0.0, 0.0, 0.0
+
 
 def test_negative_control_a_normalizer_without_the_penalty_is_caught(norm_graph):
     bad, _, _ = _mismatches(norm_graph, UnchangedNorm, CASES["penalty 1.3"], "peaked", 20_000, 20_000)

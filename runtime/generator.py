@@ -516,7 +516,8 @@ class SpeculativeGenerator:
         """The round's verdict; when sampling, sum_x min(p, q) of each verified position goes into ``masses``."""
         if sampling:
             return self._sampled_verify(draft.tokens, draft.dists or [],
-                                        lambda i: pipe.verify_row(rows[i], committed, draft.tokens[:i]), rng,
+                                        lambda i: pipe.verify_row(rows[i], committed, draft.tokens[:i],
+                                                                  last=i == len(draft.tokens)), rng,
                                         masses)
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 

@@ -410,11 +410,12 @@ class LogitsPipeline:
         LazyRow reads; 0 when these rules do not read it."""
         return 1.0 / self.config.temperature if self._lazy_rows() else 0.0
 
-    def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = ()):
+    def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
         """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
-        have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries); else
-        ``row`` (in place: a row is verified once)."""
-        if hasattr(logits, "top") and self._lazy_rows():
+        have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries), unless
+        it is the ``last`` (only drawn from) and its heavy weights reach past those entries; else ``row`` (in
+        place: a row is verified once)."""
+        if hasattr(logits, "top") and self._lazy_rows() and not (last and no_head(logits, self)):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
 
@@ -621,6 +622,21 @@ class LogitsPipeline:
         return Dist(ids[order], w / w.sum())
 
 
+def no_head(row, pipe: "LogitsPipeline") -> bool:
+    """Whether a row's heavy weights (>= HEAD_MIN) may reach past its largest entries read (pipe.top_entries),
+    told from the raw largest entry and the bound: then no draw from it, as a dense row, is settled from them."""
+    if pipe.config.top_p < 1.0:
+        return False
+    spread = row.spread() if hasattr(row, "spread") else None
+    if spread is None:
+        values = row.top(pipe.top_entries())[1]
+        width = row.width if hasattr(row, "width") else None
+        if not len(values) or (width is not None and len(values) >= width):
+            return False  # every entry is read
+        spread = float(values[0]), float(values[-1])
+    return (spread[0] - spread[1]) * LOG2_E / pipe.config.temperature <= -math.log2(HEAD_MIN)
+
+
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
     """The index an inverse CDF picks (the first whose running sum exceeds x) when every entry i is only known
     to lie in [lo[i], hi[i]] and x in [x_lo, x_hi]: None unless the same index is picked whatever they are."""
@@ -690,6 +706,8 @@ class LazyRow:
         return self.dist().residual(draft, u) if got is None else got
 
     def _lazy_draw(self, u: float) -> int | None:
+        if self._read is None and no_head(self.row, self.pipe):
+            return self.NEVER
         read = self._bounds()
         if read is None:
             return None
@@ -703,7 +721,7 @@ class LazyRow:
             return None if i is None else ids[i]
         head = self._head({}, top, inv_t, bound, scores)
         if head is None:
-            return None
+            return self.NEVER
         i = _pick([w[0] for _, w in head], [w[1] for _, w in head], u * z_lo, u * z_hi)
         return None if i is None else head[i][0]
 
@@ -724,6 +742,8 @@ class LazyRow:
 
     def _lazy_residual(self, draft: Dist, u: float) -> int | None:
         """``verify.residual_draw`` for a small q, from the bounds (None where they do not settle it)."""
+        if self._read is None and no_head(self.row, self.pipe):
+            return self.NEVER
         read = self._bounds()
         if read is None:
             return None
@@ -781,6 +801,8 @@ class LazyRow:
         got = self._settle(lambda: self._lazy_accepts(token, q, u))
         return self.dist().accepts(token, q, u) if got is None else got
 
+    NEVER = -1  # what an attempt returns when no bounds could settle it (it needs the whole row)
+
     def _settle(self, attempt):
         """``attempt()`` from the bounds, once more from exact ones where it did not settle and the bounds were
         coarse (``_refine``); None when the whole row must decide."""
@@ -788,7 +810,7 @@ class LazyRow:
             got = attempt()
             if got is None and self._refine():
                 got = attempt()
-            if got is not None:
+            if got is not None and got is not self.NEVER:
                 self.pipe.lazy_settled += 1
                 return got
         self.pipe.lazy_read += 1

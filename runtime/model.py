@@ -820,6 +820,13 @@ class TopRows(_Rows):
             return None
         return self.scale, float(self.norms[self.start + i]), self.lm.spec.logits_norm["block"]
 
+    def row_spread(self, i: int) -> tuple[float, float] | None:
+        """Row ``i``'s largest entry and the bound on those not read (None when every entry is read)."""
+        if self.k >= self.lm.spec.vocab_size:
+            return None
+        j = (self.start + i) * self.k
+        return float(self.values[j]), float(self.values[j + self.k - 1])
+
     def row_top(self, i: int, k: int) -> tuple[list, list, float]:
         """``top`` of one row as Python lists (what the sampling rules read, without NumPy calls)."""
         if min(int(k), self.lm.spec.output_vocab) > self.k:
@@ -851,6 +858,10 @@ class DeviceRow:
     def width(self) -> int:
         """The row's width (what ``numpy()`` would hold)."""
         return self.rows.lm.spec.output_vocab
+
+    def spread(self) -> tuple[float, float] | None:
+        """(largest entry, bound on the entries not read) of this row where its pass returned top entries."""
+        return self.rows.row_spread(self.i) if isinstance(self.rows, TopRows) else None
 
     def norm(self) -> tuple[float, float, int] | None:
         """(scale, normalizer, block) of this row where its pass computed one (TopRows.row_norm), else None."""

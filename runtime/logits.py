@@ -400,10 +400,12 @@ class LogitsPipeline:
         return 0
 
     def _lazy_rows(self) -> bool:
-        """Whether verification may settle this pipeline's rows with LazyRow: sampling without top-k (with or
-        without top-p)."""
+        """Whether verification settles this pipeline's rows with LazyRow: sampling without top-k (with or
+        without top-p) and without a repetition penalty. LazyRow handles a penalty (and banned words) exactly,
+        but the context's bookkeeping on the host then cost more than the exponentials it saved (SmolLM2,
+        penalty 1.1: host time per round +30%), so penalized rows are computed whole."""
         cfg = self.config
-        return cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and cfg.repetition_penalty >= 1.0
+        return cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and cfg.repetition_penalty == 1.0
 
     def norm_scale(self) -> float:
         """The scale of the normalizer a pass computes per row where its graph has one (1 / temperature): what
@@ -623,13 +625,13 @@ class LogitsPipeline:
 
 
 def no_head(row, pipe: "LogitsPipeline") -> bool:
-    """Whether a row's heavy weights (>= HEAD_MIN) may reach past its largest entries read (pipe.top_entries),
+    """Whether a row's heavy weights (>= HEAD_MIN) may reach past its largest entries read (LAZY_TOP of them),
     told from the raw largest entry and the bound: then no draw from it, as a dense row, is settled from them."""
     if pipe.config.top_p < 1.0:
         return False
     spread = row.spread() if hasattr(row, "spread") else None
     if spread is None:
-        values = row.top(pipe.top_entries())[1]
+        values = row.top(LAZY_TOP)[1]
         width = row.width if hasattr(row, "width") else None
         if not len(values) or (width is not None and len(values) >= width):
             return False  # every entry is read
@@ -864,7 +866,7 @@ class LazyRow:
         inv_t = 1.0 / pipe.config.temperature
         if not (math.isfinite(z_graph) and z_graph >= 1.0 and abs(scale - inv_t) <= 1e-12 * inv_t):
             return None
-        found = self.row.top(pipe.top_entries())
+        found = self.row.top(LAZY_TOP)
         values = found[1]
         if not len(values):
             return None

@@ -119,7 +119,7 @@ def _mismatches(norm_graph, cls, setting: dict, kind: str, width: int, vocab: in
     for r, row in enumerate(_rows(kind, width, rows, seed=len(kind) + width)):
         base = _context(row, vocab, r)
         pipe = LogitsPipeline(cfg, vocab)
-        graph_row = GraphRow(sess, row, pipe.top_entries(), pipe.norm_scale(), 32 if width % 32 == 0 else 1)
+        graph_row = GraphRow(sess, row, LAZY_TOP, 1 / cfg.temperature, 32 if width % 32 == 0 else 1)
         full = pipe.row(row.copy(), base, [7])
         small = cfg.top_p == 1.0 or (full.sparse and full.ids.size <= LAZY_TOP // 2)  # a nucleus among those read
         for tok, q, u, edge in _checks(pipe, row, base, full, r):
@@ -169,7 +169,7 @@ def test_min_mass_from_the_bounds_is_close(norm_graph):
     for r, row in enumerate(_rows("peaked", vocab, 4, seed=11)):
         base = _context(row, vocab, r)
         q = draft_pipe.row(row + np.random.default_rng(r).standard_normal(vocab).astype(np.float32), base)
-        graph_row = GraphRow(norm_graph(vocab), row, pipe.top_entries(), pipe.norm_scale(), 32)
+        graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / cfg.temperature, 32)
         exact = pipe.row(row.copy(), base).min_mass(q)
         lazy = LazyRow(pipe, graph_row, base, [])
         assert abs(lazy.min_mass(q) - exact) <= LazyRow.MASS_WIDTH
@@ -200,7 +200,7 @@ def test_first_token_is_distributed_as_the_target_with_lazy_rows(norm_graph):
     row = (rng0.standard_normal(vocab) * 1.5).astype(np.float32)
     row[[1, 2, 3]] += 3.0
     base = [1, 2]  # the two largest are penalized
-    graph_row = GraphRow(norm_graph(vocab), row, pipe.top_entries(), pipe.norm_scale(), 32)
+    graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / cfg.temperature, 32)
     p = pipe.row(row.copy(), base)
     q = draft_pipe.row(row + rng0.standard_normal(vocab).astype(np.float32), base)
     exact = p.dense(vocab)
@@ -222,9 +222,9 @@ def test_first_token_is_distributed_as_the_target_with_lazy_rows(norm_graph):
 def test_lazy_rows_only_without_top_k():
     def lazy(**kw):
         return LogitsPipeline(SamplingConfig(do_sample=True, **kw), 1000)._lazy_rows()
-    assert lazy(top_k=0) and lazy(top_k=0, repetition_penalty=1.2, bad_words_ids=[[4]]) and lazy(top_k=1000)
-    assert lazy(top_k=0, top_p=0.9)
+    assert lazy(top_k=0) and lazy(top_k=0, bad_words_ids=[[4]]) and lazy(top_k=1000) and lazy(top_k=0, top_p=0.9)
     assert not lazy(top_k=20) and not lazy(top_k=20, top_p=0.9) and not lazy(top_k=0, repetition_penalty=0.9)
+    assert not lazy(top_k=0, repetition_penalty=1.2)  # exact too (tested above), but slower than whole rows
     assert LogitsPipeline(SamplingConfig(do_sample=True, top_k=0), 1000).top_entries() == LAZY_TOP
 
 
@@ -253,7 +253,7 @@ def _draw_mismatches(norm_graph, cls, setting: dict, kind: str, width: int, voca
     for r, row in enumerate(_rows(kind, width, rows, seed=3 * width + len(kind))):
         base = _context(row, vocab, r)
         pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
-        graph_row = GraphRow(sess, row, pipe.top_entries(), pipe.norm_scale(), 32 if width % 32 == 0 else 1)
+        graph_row = GraphRow(sess, row, LAZY_TOP, 1 / cfg.temperature, 32 if width % 32 == 0 else 1)
         full = pipe.row(row.copy(), base, [7])
         rng = np.random.default_rng(r)
         drafts = [draft_pipe.row(row + rng.standard_normal(width).astype(np.float32), base, [7])]

@@ -214,7 +214,8 @@ def test_top_entries_wanted_per_setting():
     assert wanted(do_sample=True, top_k=20, top_p=0.8, repetition_penalty=1.05) == 20 + margin
     assert wanted(do_sample=True, top_k=0) == LAZY_TOP                 # temperature only: LazyRow
     assert wanted(do_sample=True, top_k=2000) == LAZY_TOP              # top-k beyond the vocabulary: none
-    assert wanted(do_sample=True, top_k=0, repetition_penalty=1.2, bad_words_ids=[[3]]) == LAZY_TOP
+    assert wanted(do_sample=True, top_k=0, bad_words_ids=[[3]]) == LAZY_TOP
+    assert wanted(do_sample=True, top_k=0, repetition_penalty=1.2) == 0   # penalized rows are read whole
     assert wanted(do_sample=True, top_k=0, top_p=0.9) == LAZY_TOP      # a nucleus too
     assert wanted(do_sample=True, top_k=300) == 0                      # beyond the lean path
     assert wanted(do_sample=True, top_k=0, repetition_penalty=0.8) == 0

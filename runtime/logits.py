@@ -209,10 +209,17 @@ def draw_weights(weights: np.ndarray, total: float, u: float) -> int:
     LazyRow draws from it without the rest of the row."""
     head = np.flatnonzero(weights >= HEAD_MIN)
     x, acc = u * total, 0.0
-    for i, w in zip(head.tolist(), weights[head].tolist()):
-        acc += w
-        if acc > x:
-            return i
+    if head.size > LEAN_MAX:  # (a flat row: NumPy's running sums are the same float64 additions in order)
+        sums = np.cumsum(weights[head], dtype=np.float64)
+        i = int(np.searchsorted(sums, x, side="right"))
+        if i < head.size:
+            return int(head[i])
+        acc = float(sums[-1])
+    else:
+        for i, w in zip(head.tolist(), weights[head].tolist()):
+            acc += w
+            if acc > x:
+                return i
     if not total > acc:
         return int(head[-1]) if head.size else sample_weights(weights, u)
     rest = weights.copy()

@@ -320,3 +320,27 @@ def test_dense_draws_follow_the_weights_over_head_and_rest():
     wrong = np.bincount([draw_weights(head_only, float(head_only.sum()), x) for x in u[:50_000]],
                         minlength=w.size)
     assert chi_square_p(wrong[support], exact[support]) < ALPHA
+
+
+def test_draws_from_a_flat_row_follow_the_definition():
+    """A flat row's head holds most of the vocabulary: its running sums are taken with NumPy, the same float64
+    additions in the same order as the loop that defines the draw (checked here against that loop)."""
+    rng = np.random.default_rng(4)
+    w = np.exp2(rng.standard_normal(20_000) * 0.3).astype(np.float32)
+    w /= w.max()
+    w[::7] = 2.0 ** -11  # some below HEAD_MIN: drawn after the head
+    total = float(w.astype(np.float64).sum())
+
+    def by_loop(u):
+        x, acc = u * total, 0.0
+        for i, v in enumerate(w.tolist()):
+            if v >= HEAD_MIN:
+                acc += v
+                if acc > x:
+                    return i
+        return None  # past the head
+    assert (w >= HEAD_MIN).sum() > 10_000
+    for u in rng.random(200).tolist() + [0.0, 0.5, 0.999]:
+        expected = by_loop(u)
+        got = draw_weights(w, total, u)
+        assert got == expected if expected is not None else w[got] < HEAD_MIN

@@ -205,21 +205,17 @@ HEAD_MIN = 2.0 ** -10  # dense weights at least this (the largest is 1) are draw
 def draw_weights(weights: np.ndarray, total: float, u: float) -> int:
     """Inverse-CDF draw from float32 ``weights`` (largest 1, sum ``total`` as ``_total`` gives it) for ``u``: first
     over the weights >= HEAD_MIN in id order (float64 running sums), then, past them, over the rest in block
-    order (``sample_weights``). Where a row's weights are peaked, the head holds nearly all the mass, and
-    LazyRow draws from it without the rest of the row."""
+    order (``sample_weights``); a row with more than LEAN_MAX such weights (a flat one) in block order
+    throughout. Where a row's weights are peaked, the head holds nearly all the mass, and LazyRow draws from it
+    without the rest of the row."""
     head = np.flatnonzero(weights >= HEAD_MIN)
+    if head.size > LEAN_MAX:  # a flat row: all of it in block order (no head is read from a flat row)
+        return sample_weights(weights, u)
     x, acc = u * total, 0.0
-    if head.size > LEAN_MAX:  # (a flat row: NumPy's running sums are the same float64 additions in order)
-        sums = np.cumsum(weights[head], dtype=np.float64)
-        i = int(np.searchsorted(sums, x, side="right"))
-        if i < head.size:
-            return int(head[i])
-        acc = float(sums[-1])
-    else:
-        for i, w in zip(head.tolist(), weights[head].tolist()):
-            acc += w
-            if acc > x:
-                return i
+    for i, w in zip(head.tolist(), weights[head].tolist()):
+        acc += w
+        if acc > x:
+            return i
     if not total > acc:
         return int(head[-1]) if head.size else sample_weights(weights, u)
     rest = weights.copy()

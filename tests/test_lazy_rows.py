@@ -14,7 +14,8 @@ import pytest
 
 from ortspec import verify
 from ortspec.config import SamplingConfig, draft_sampling
-from ortspec.logits import HEAD_MIN, LAZY_TOP, Dist, LazyRow, LogitsPipeline, acceptance_probability, draw_weights
+from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, Dist, LazyRow, LogitsPipeline, acceptance_probability,
+                            draw_weights, sample_weights)
 from ortspec.export.graph import add_top_outputs
 from stats_util import ALPHA, chi_square_p
 from test_fast_sampling import rows_of
@@ -323,24 +324,25 @@ def test_dense_draws_follow_the_weights_over_head_and_rest():
 
 
 def test_draws_from_a_flat_row_follow_the_definition():
-    """A flat row's head holds most of the vocabulary: its running sums are taken with NumPy, the same float64
-    additions in the same order as the loop that defines the draw (checked here against that loop)."""
+    """A row with more than LEAN_MAX heavy weights (a flat one) is drawn from in block order throughout, as
+    before heads were drawn first; a peaked one from its head by id (checked against the loop that defines it)."""
     rng = np.random.default_rng(4)
-    w = np.exp2(rng.standard_normal(20_000) * 0.3).astype(np.float32)
-    w /= w.max()
-    w[::7] = 2.0 ** -11  # some below HEAD_MIN: drawn after the head
-    total = float(w.astype(np.float64).sum())
-
-    def by_loop(u):
-        x, acc = u * total, 0.0
-        for i, v in enumerate(w.tolist()):
-            if v >= HEAD_MIN:
-                acc += v
+    flat = np.exp2(rng.standard_normal(20_000) * 0.3).astype(np.float32)
+    flat /= flat.max()
+    peaked = (flat * 2.0 ** -14).astype(np.float32)
+    peaked[[5, 900, 7000, 19_999]] = [1.0, 0.5, 2.0 ** -9, 0.25]
+    assert (flat >= HEAD_MIN).sum() > LEAN_MAX and (peaked >= HEAD_MIN).sum() == 4
+    for w in (flat, peaked):
+        total = float(w.astype(np.float64).sum())
+        for u in rng.random(200).tolist() + [0.0, 0.5, 0.999]:
+            got = draw_weights(w, total, u)
+            if w is flat:
+                assert got == sample_weights(w, u)
+                continue
+            x, acc, expected = u * total, 0.0, None
+            for i in np.flatnonzero(w >= HEAD_MIN).tolist():
+                acc += float(w[i])
                 if acc > x:
-                    return i
-        return None  # past the head
-    assert (w >= HEAD_MIN).sum() > 10_000
-    for u in rng.random(200).tolist() + [0.0, 0.5, 0.999]:
-        expected = by_loop(u)
-        got = draw_weights(w, total, u)
-        assert got == expected if expected is not None else w[got] < HEAD_MIN
+                    expected = i
+                    break
+            assert got == expected if expected is not None else w[got] < HEAD_MIN

@@ -710,12 +710,17 @@ class LazyRow:
         got = self._settle(lambda: self._lazy_residual(draft, u) if draft.small else None)
         return self.dist().residual(draft, u) if got is None else got
 
-    def _lazy_draw(self, u: float) -> int | None:
+    def _draw_bounds(self):
+        """The bounds a draw reads (``_bounds``), NEVER where a dense row's heavy weights reach past the entries
+        read (told before any bounds are made), None where the row gives none."""
         if self._read is None and no_head(self.row, self.pipe):
             return self.NEVER
-        read = self._bounds()
-        if read is None:
-            return None
+        return self._bounds()
+
+    def _lazy_draw(self, u: float) -> int | None:
+        read = self._draw_bounds()
+        if not isinstance(read, tuple):
+            return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is not None:  # a nucleus (ids ascending): inverse CDF over p = weight / the kept weights' sum
             nucleus, s_lo, s_hi = kept
@@ -747,11 +752,9 @@ class LazyRow:
 
     def _lazy_residual(self, draft: Dist, u: float) -> int | None:
         """``verify.residual_draw`` for a small q, from the bounds (None where they do not settle it)."""
-        if self._read is None and no_head(self.row, self.pipe):
-            return self.NEVER
-        read = self._bounds()
-        if read is None:
-            return None
+        read = self._draw_bounds()
+        if not isinstance(read, tuple):
+            return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         p = self._p_bounds(draft.tokens)  # (also reads the row's scores of q's tokens)
         if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending

@@ -778,12 +778,8 @@ class LazyRow:
         qn = [x / q_sum for x in draft.plist]
         overlap_lo = math.fsum(min(a, q) for (a, _), q in zip(p, qn))
         overlap_hi = math.fsum(min(b, q) for (_, b), q in zip(p, qn))
-        if 1.0 - overlap_hi * (1 + 1e-12) > RESIDUAL_EPS:
-            pass
-        elif 1.0 - overlap_lo * (1 - 1e-12) <= RESIDUAL_EPS:
-            return self._lazy_draw(u)
-        else:
-            return None
+        if not 1.0 - overlap_hi * (1 + 1e-12) > RESIDUAL_EPS:  # the residual may be noise: p drawn from instead
+            return self._lazy_draw(u) if 1.0 - overlap_lo * (1 - 1e-12) <= RESIDUAL_EPS else None
         changed, w_s, r_s = {}, [0.0, 0.0], [0.0, 0.0]
         for t, q in zip(draft.tokens, qn):
             s = scores.get(t)
@@ -877,8 +873,9 @@ class LazyRow:
         if not len(values):
             return None
         m = float(values[0])  # the largest logit of the graph's row: the normalizer's reference
-        raw_read = dict(zip(found[0].tolist() if isinstance(found[0], np.ndarray) else list(found[0]),
-                            values.tolist() if isinstance(values, np.ndarray) else list(values)))
+        processed = pipe.config.repetition_penalty != 1.0 or bool(pipe.config.bad_words_ids)
+        raw_read = dict(zip(*(x.tolist() if isinstance(x, np.ndarray) else list(x) for x in found[:2]))) \
+            if processed and not exact else None  # (before _read_top processes the lists in place)
         read = pipe._read_top(self.row, 0, self.base, self.new, found=found)
         if read is None:
             return None
@@ -894,7 +891,7 @@ class LazyRow:
         if width > pipe.vocab_size:
             row = self.row.numpy()
             extra = float(np.exp((row[pipe.vocab_size:].astype(np.float64) - m) * inv_t).sum())
-        if pipe.config.repetition_penalty != 1.0 or pipe.config.bad_words_ids:
+        if processed:
             if exact:
                 changed_raw, changed = self._changed_mass(m, inv_t)
             else:  # the changes among the entries read; each other changed id lowers the sum by 0 to its raw term

@@ -208,9 +208,10 @@ def draw_weights(weights: np.ndarray, total: float, u: float) -> int:
     order (``sample_weights``); a row with more than LEAN_MAX such weights (a flat one) in block order
     throughout. Where a row's weights are peaked, the head holds nearly all the mass, and LazyRow draws from it
     without the rest of the row."""
-    head = np.flatnonzero(weights >= HEAD_MIN)
-    if head.size > LEAN_MAX:  # a flat row: all of it in block order (no head is read from a flat row)
+    heavy = weights >= HEAD_MIN
+    if np.count_nonzero(heavy) > LEAN_MAX:  # a flat row: all of it in block order (no head is read from a flat row)
         return sample_weights(weights, u)
+    head = np.flatnonzero(heavy)
     x, acc = u * total, 0.0
     for i, w in zip(head.tolist(), weights[head].tolist()):
         acc += w
@@ -402,13 +403,19 @@ class LogitsPipeline:
             return LAZY_TOP
         return 0
 
+    # LazyRow settles penalized rows at vocabularies from this width: a penalty's bookkeeping on the host costs
+    # about the same whatever the vocabulary, a whole row in proportion to it (speculating, penalty 1.1, no
+    # top-k, host time per round: SmolLM2, 49,152 entries, 2.32 ms whole vs 2.76 lazily; Qwen2.5, 151,936,
+    # 2.83 vs 2.22)
+    LAZY_PENALTY_VOCAB = 100_000
+
     def _lazy_rows(self) -> bool:
         """Whether verification settles this pipeline's rows with LazyRow: sampling without top-k (with or
-        without top-p) and without a repetition penalty. LazyRow handles a penalty (and banned words) exactly,
-        but the context's bookkeeping on the host then cost more than the exponentials it saved (SmolLM2,
-        penalty 1.1: host time per round +30%), so penalized rows are computed whole."""
+        without top-p), without a repetition penalty or, from LAZY_PENALTY_VOCAB entries, with one above 1."""
         cfg = self.config
-        return cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and cfg.repetition_penalty == 1.0
+        theta = cfg.repetition_penalty
+        return cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and \
+            (theta == 1.0 or (theta > 1.0 and self.vocab_size >= self.LAZY_PENALTY_VOCAB))
 
     def norm_scale(self) -> float:
         """The scale of the normalizer a pass computes per row where its graph has one (1 / temperature): what
@@ -442,6 +449,12 @@ class LogitsPipeline:
         tok, val, bound = read
         if len(tok) < k:
             return None
+        if self.config.repetition_penalty == 1.0 and not self.config.bad_words_ids:
+            kth = val[k - 1]  # no processor moved an entry: they are in the descending order the row gave them
+            n = k
+            while n < len(val) and val[n] >= kth:
+                n += 1
+            return (tok[:n], val[:n], kth) if kth > bound else None
         kth = heapq.nlargest(k, val)[-1]
         if not kth > bound:
             return None
@@ -590,8 +603,8 @@ class LogitsPipeline:
         target = self.config.top_p * total
         cols = weights.size // BLOCK_ROWS
         for probe in NUCLEUS_PROBES:
-            if probe > cols // 4:
-                break
+            if probe > cols // 4 or BLOCK_ROWS * probe < target:
+                break  # (no weight exceeds 1: a probe's candidates, about BLOCK_ROWS per block, cannot hold it)
             cand = top_candidates(weights, probe)  # every entry >= some bound: a prefix of the descending order
             if _total(weights[cand]) >= target:
                 return self._top_p(cand, weights[cand].astype(np.float64) / total)
@@ -603,7 +616,8 @@ class LogitsPipeline:
         One pass finds each bucket's mass; the bucket where the mass in descending order reaches the target is the
         only one sorted exactly: above it every token is kept, below it none."""
         keys = weights.view(np.int32) >> HIST_SHIFT
-        mass = np.bincount(keys, weights=weights)[::-1]  # float64, descending buckets
+        # float64, descending buckets (bincount casts int32 ids and float32 weights itself ~5x slower than astype)
+        mass = np.bincount(keys.astype(np.intp), weights=weights.astype(np.float64))[::-1]
         upto = np.cumsum(mass)
         j = min(int(np.searchsorted(upto, target, side="left")), mass.size - 1)  # first bucket reaching it
         cut = mass.size - 1 - j                             # its key
@@ -616,7 +630,7 @@ class LogitsPipeline:
         if np.count_nonzero(above) + kept.size <= SPARSE_MAX:
             ids = np.concatenate([np.flatnonzero(above), kept])
             return self._top_p_done(ids, weights[ids])
-        out = np.where(above, weights, np.float32(0))
+        out = np.multiply(weights, above, out=self.scratch.take(weights.size))  # (weights are finite, >= 0)
         out[kept] = weights[kept]
         return Dist(weights=out, total=mass_above + float(weights[kept].sum(dtype=np.float64)))
 
@@ -735,10 +749,14 @@ class LazyRow:
         i = _pick([w[0] for _, w in head], [w[1] for _, w in head], u * z_lo, u * z_hi)
         return None if i is None else head[i][0]
 
+    def _flat(self, top: float, inv_t: float, bound: float) -> bool:
+        """Whether a token not read could weigh HEAD_MIN or more (then no dense draw is settled from the bounds)."""
+        return bound > -math.inf and self._w_bounds(bound, top, inv_t)[1] >= HEAD_MIN
+
     def _head(self, changed: dict, top: float, inv_t: float, bound: float, scores: dict):
         """The tokens ``draw_weights`` draws first (weight >= HEAD_MIN), ascending, with their weight bounds
         (``changed``: bounds that replace some weights); None when the bounds do not settle which they are."""
-        if bound > -math.inf and self._w_bounds(bound, top, inv_t)[1] >= HEAD_MIN:
+        if self._flat(top, inv_t, bound):
             return None  # a token not read could be among them
         head = []
         for t, v in scores.items():
@@ -756,6 +774,8 @@ class LazyRow:
         if not isinstance(read, tuple):
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
+        if kept is None and self._flat(top, inv_t, bound):
+            return self.NEVER  # a dense draw from a flat row (exact changes would not settle it either)
         p = self._p_bounds(draft.tokens)  # (also reads the row's scores of q's tokens)
         if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
             nucleus, s_lo, s_hi = kept
@@ -830,18 +850,21 @@ class LazyRow:
         return None
 
     def min_mass(self, other: Dist) -> float:
-        """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are MASS_WIDTH apart or less)."""
-        for _ in range(2):
-            if self._dist is not None or not other.small:
-                break
-            bounds = self._p_bounds(other.tokens)
-            if bounds is not None:
-                lo = math.fsum(min(b[0], q) for b, q in zip(bounds, other.plist))
-                hi = math.fsum(min(b[1], q) for b, q in zip(bounds, other.plist))
-                if hi - lo <= self.MASS_WIDTH:
-                    return 0.5 * (lo + hi)
-            if not self._refine():
-                break
+        """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are MASS_WIDTH apart or less).
+        First without q's lightest tokens, together at most MASS_WIDTH / 4 of it (they add between 0 and their q:
+        p is not read there; most of a draft's 64 tokens carry almost none of its mass), then with all of them."""
+        if self._dist is None and other.small:
+            light = _heavy(other.tokens, other.plist, self.MASS_WIDTH / 4)
+            for tokens, plist, tail in (light, (other.tokens, other.plist, 0.0)):
+                for _ in range(2):
+                    bounds = self._p_bounds(tokens)
+                    if bounds is not None:
+                        lo = math.fsum(min(b[0], q) for b, q in zip(bounds, plist))
+                        hi = math.fsum(min(b[1], q) for b, q in zip(bounds, plist)) + tail
+                        if hi - lo <= self.MASS_WIDTH:
+                            return 0.5 * (lo + hi)
+                    if bounds is None or not self._refine():
+                        break
         return self.dist().min_mass(other)
 
     def _bounds(self):
@@ -1019,6 +1042,19 @@ class LazyRow:
         w = 2.0 ** y if y > -1100 else 0.0
         d = self.W_SLACK + self.W_SLACK_Y * abs(y)
         return max(0.0, w * (1.0 - d) - self.TINY), w * (1.0 + d) + self.TINY
+
+
+def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[int], list[float], float]:
+    """The tokens of a small distribution without its lightest ones, which together hold at most ``budget``
+    (tokens, probabilities, and the mass left out)."""
+    order = sorted(range(len(plist)), key=plist.__getitem__)
+    tail = 0.0
+    for n, j in enumerate(order):
+        if tail + plist[j] > budget:
+            keep = order[n:]
+            return [tokens[j] for j in keep], [plist[j] for j in keep], tail
+        tail += plist[j]
+    return [], [], tail
 
 
 def _total(weights: np.ndarray) -> float:

@@ -177,6 +177,37 @@ def test_min_mass_from_the_bounds_is_close(norm_graph):
         assert lazy._dist is None  # settled from the bounds
 
 
+class CountingRow(GraphRow):
+    reads = 0
+
+    def numpy(self) -> np.ndarray:
+        CountingRow.reads += 1
+        return self.row
+
+
+@pytest.mark.parametrize("tail", [0.0, 1e-4, 2.4e-4])
+def test_min_mass_leaves_q_s_light_tokens_unread(norm_graph, tail):
+    """A draft with most of its mass on the row's largest entries and ``tail`` spread over 56 tokens the row's
+    top entries do not hold: sum min(p, q) within MASS_WIDTH of the whole row's, without reading the row."""
+    vocab = 20_000
+    cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.7)
+    pipe = LogitsPipeline(cfg, vocab)
+    for r, row in enumerate(_rows("peaked", vocab, 3, seed=5)):
+        order = np.argsort(-row).tolist()
+        exact_p = pipe.row(row.copy(), []).dense(vocab)
+        head, light = order[:8], order[-56:]  # light: far below the entries read
+        q = {t: float(exact_p[t]) for t in head}
+        scale = (1.0 - tail) / sum(q.values())
+        q = {t: v * scale for t, v in q.items()} | {t: tail / len(light) for t in light}
+        draft = Dist(tokens=sorted(q), plist=[q[t] for t in sorted(q)])
+        exact = pipe.row(row.copy(), []).min_mass(draft)
+        CountingRow.reads = 0
+        lazy = LazyRow(pipe, CountingRow(norm_graph(vocab), row, LAZY_TOP, 1 / cfg.temperature, 32), [], [])
+        got = lazy.min_mass(draft)
+        assert abs(got - exact) <= LazyRow.MASS_WIDTH
+        assert lazy._dist is None and CountingRow.reads == 0  # neither the whole row nor the light tokens read
+
+
 def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):
     """A pass that computed no normalizer (scale 0, or a bundle without one) gives the whole row's verdicts."""
     vocab = 2000
@@ -225,8 +256,15 @@ def test_lazy_rows_only_without_top_k():
         return LogitsPipeline(SamplingConfig(do_sample=True, **kw), 1000)._lazy_rows()
     assert lazy(top_k=0) and lazy(top_k=0, bad_words_ids=[[4]]) and lazy(top_k=1000) and lazy(top_k=0, top_p=0.9)
     assert not lazy(top_k=20) and not lazy(top_k=20, top_p=0.9) and not lazy(top_k=0, repetition_penalty=0.9)
-    assert not lazy(top_k=0, repetition_penalty=1.2)  # exact too (tested above), but slower than whole rows
+    assert not lazy(top_k=0, repetition_penalty=1.2)  # exact too (tested above), but slower than whole rows here
     assert LogitsPipeline(SamplingConfig(do_sample=True, top_k=0), 1000).top_entries() == LAZY_TOP
+    # with a penalty from LAZY_PENALTY_VOCAB entries on (a whole row costs more there than the penalty's bookkeeping)
+    big, small = LogitsPipeline.LAZY_PENALTY_VOCAB, LogitsPipeline.LAZY_PENALTY_VOCAB - 1
+    for vocab, expected in ((big, True), (151_936, True), (small, False), (49_152, False)):
+        pipe = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, repetition_penalty=1.1), vocab)
+        assert pipe._lazy_rows() is expected and (pipe.top_entries() == LAZY_TOP) is expected
+        assert pipe.norm_scale() == (1.0 if expected else 0.0)
+    assert not LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, repetition_penalty=0.9), big)._lazy_rows()
 
 
 def _edges(full: Dist) -> list[float]:

@@ -80,6 +80,31 @@ def test_top_rows_give_the_same_tokens_as_whole_rows(pair_bundle, setting, monke
     assert (sum(b is not None for b in bounded) > 10) is lazy  # verdicts from the normalizer: without truncation
 
 
+PENALIZED = {
+    "penalty, no top-k": dict(do_sample=True, temperature=0.8, top_k=0, repetition_penalty=1.3),
+    "penalty + bans + top-p": dict(do_sample=True, top_p=0.9, top_k=0, repetition_penalty=1.2,
+                                   bad_words_ids=[[4], [6, 8]]),
+}
+
+
+@pytest.mark.parametrize("setting", list(PENALIZED))
+def test_penalized_lazy_rows_give_the_same_tokens_as_whole_rows(pair_bundle, setting, monkeypatch):
+    """Where the vocabulary is wide enough for LazyRow to take penalized rows (here: any width), decoding gives
+    the same tokens as whole rows, and LazyRow settled verdicts from the normalizer."""
+    monkeypatch.setattr(LogitsPipeline, "LAZY_PENALTY_VOCAB", 0)
+    bounded = []
+    real = LazyRow._from_norm
+    monkeypatch.setattr(LazyRow, "_from_norm", lambda self, *a, **k: bounded.append(real(self, *a, **k)) or bounded[-1])
+    top = SpeculativeGenerator.load(pair_bundle)
+    host = SpeculativeGenerator.load(pair_bundle, logits="host")
+    prompts = [_ids(6 + 3 * j, j, 128) for j in range(4)]
+    settings = PENALIZED[setting]
+    runs = [[g.generate(input_ids=p, max_new_tokens=24, seed=j, num_draft_tokens=n, eos_token_id=[],
+                        **settings).token_ids for j, p in enumerate(prompts) for n in (1, 3)] for g in (top, host)]
+    assert runs[0] == runs[1]
+    assert sum(b is not None for b in bounded) > 10
+
+
 def _without_top(bundle, dst, norm_only: bool = False):
     """A copy of ``bundle`` as exported before graphs had a TopK: no top_logits or logits_norm in the manifest, no
     such inputs or outputs in the graphs; ``norm_only``: as exported before target graphs had a normalizer."""

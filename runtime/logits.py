@@ -553,12 +553,12 @@ class LogitsPipeline:
             x = scores[order].astype(np.float64) / self.config.temperature
             e = np.exp(x - x[0])
             return self._nucleus_sorted(ids[order], e / e.sum())
-        tok = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
-        val = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
-        order = sorted(range(len(tok)), key=lambda j: (-val[j], tok[j]))
+        tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
+        val = scores.tolist() if isinstance(scores, np.ndarray) else scores
+        order = sorted(zip([-v for v in val], tok))  # the top-p order (-score, id)
         temperature = self.config.temperature
-        top = val[order[0]] / temperature
-        e = [math.exp(val[j] / temperature - top) for j in order]
+        top = -order[0][0] / temperature
+        e = [math.exp(-v / temperature - top) for v, _ in order]
         total = math.fsum(e)
         probs = [x / total for x in e]
         n = len(probs)
@@ -575,7 +575,7 @@ class LogitsPipeline:
         if n < len(probs):
             total = math.fsum(probs[:n])
             probs = [x / total for x in probs[:n]]
-        pairs = sorted(zip((tok[j] for j in order[:n]), probs))
+        pairs = sorted(zip((t for _, t in order[:n]), probs))
         return Dist(tokens=[t for t, _ in pairs], plist=[p for _, p in pairs])
 
     def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
@@ -946,21 +946,21 @@ class LazyRow:
         through it decidedly at or above); None otherwise. The probability of a kept token is then its weight
         over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only
         tokens scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it)."""
-        items = sorted(((t, v) for t, v in scores.items() if v > bound), key=lambda kv: (-kv[1], kv[0]))
-        bounds = [self._w_bounds(v, top, inv_t) for _, v in items]  # (the top-p order: score, then id)
+        items = sorted((-v, t) for t, v in scores.items() if v > bound)  # the top-p order: score, then id
         rest = self._w_bounds(bound, top, inv_t)[1] if bound > -math.inf else 0.0
         top_p = self.pipe.config.top_p
         c_lo = c_hi = 0.0
-        for j, (w_lo, w_hi) in enumerate(bounds):
+        for j, (v, _) in enumerate(items):  # (weights bounded as the cut is searched: it comes early in most rows)
+            w_lo, w_hi = self._w_bounds(-v, top, inv_t)
             c_lo, c_hi = c_lo + w_lo, c_hi + w_hi
             if c_hi * (1 + 1e-12) / z_lo < top_p:
                 continue  # the next token is kept
             if c_lo * (1 - 1e-12) / z_hi < top_p:
                 return None  # the cut is not settled here
-            after = max(bounds[j + 1][1] if j + 1 < len(bounds) else 0.0, rest)
+            after = max(self._w_bounds(-items[j + 1][0], top, inv_t)[1] if j + 1 < len(items) else 0.0, rest)
             if not after < w_lo:
                 return None  # the order at the cut is not settled (weights within each other's bounds)
-            return {t for t, _ in items[:j + 1]}, c_lo * (1 - 1e-12), c_hi * (1 + 1e-12)
+            return {t for _, t in items[:j + 1]}, c_lo * (1 - 1e-12), c_hi * (1 + 1e-12)
         return None  # the nucleus reaches past the tokens read
 
     @staticmethod

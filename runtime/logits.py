@@ -20,6 +20,7 @@ from __future__ import annotations
 from array import array
 import bisect
 import heapq
+from itertools import accumulate
 import math
 import sys
 from typing import Sequence
@@ -175,16 +176,10 @@ def acceptance_probability(p_token: float, q_token: float) -> float:
 
 
 def inverse_cdf_list(plist: list[float], u: float) -> int:
-    """``_inverse_cdf`` over a Python list (the same running sums, so the same draw for the same numbers)."""
-    total = 0.0
-    for p in plist:
-        total += p
-    x, acc = u * total, 0.0
-    for i, p in enumerate(plist):
-        acc += p
-        if acc > x:
-            return i
-    return len(plist) - 1
+    """``_inverse_cdf`` over a Python list (the same running sums, left to right, so the same draw for the same
+    numbers): the first index whose running sum exceeds u times the total."""
+    sums = list(accumulate(plist))
+    return min(bisect.bisect_right(sums, u * sums[-1]), len(sums) - 1)
 
 
 def min_mass_lists(tokens: list[int], plist: list[float], other_tokens: list[int], other_plist: list[float]) -> float:

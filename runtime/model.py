@@ -517,10 +517,11 @@ class CausalLM:
         spec = self.spec
         feed, rows = self._feed_small(b, ids, total, keep)
         k = self.top_width() if spec.top_logits else 0
+        put = feed["put"]
         if k:
-            feed["top_k"][0] = k
+            put["top_k"][0] = k
         if spec.logits_norm:
-            feed["norm_scale"][0] = self.norm_scale
+            put["norm_scale"][0] = self.norm_scale  # (rounded to float32 as NumPy rounds it)
         on_device = self._lazy and self.logits_on_device
         # rows left on the device need only the top arrays, fresh each pass (what DeviceRows holds of them does
         # not keep a reusable slot out of use; the device path binds every pass anyway)
@@ -558,15 +559,23 @@ class CausalLM:
             feed = b.ortspec_feed = {"seqlens": np.zeros(1, np.int32), "total": np.zeros((), np.int32),
                                      "keep": np.zeros(1, np.int64), "ids": np.zeros((1, 0), np.int64), "out": None,
                                      "top_k": np.ones(1, np.int64), "norm_scale": np.zeros(1, np.float32)}
-        bind_ids = bind or feed["ids"].shape[1] != len(ids)
-        if feed["ids"].shape[1] != len(ids):
-            feed["ids"] = np.zeros((1, len(ids)), np.int64)
-        feed["ids"][0] = ids
-        feed["seqlens"][0] = total - 1
-        feed["total"][...] = total
-        rows = len(ids)
+            # each array's memory as a flat memoryview: a pass writes its few numbers through these (a NumPy item
+            # write costs several times as much, more so right after a pass has flushed the caches)
+            feed["put"] = {name: _flat_view(feed[name]) for name in ("seqlens", "total", "keep", "top_k", "norm_scale")}
+        n = len(ids)
+        bind_ids = bind or feed["ids"].shape[1] != n
+        if feed["ids"].shape[1] != n:
+            feed["ids"] = np.zeros((1, n), np.int64)
+            feed["put"]["ids"] = _flat_view(feed["ids"])
+        put = feed["put"]
+        view = put["ids"]
+        for j in range(n):
+            view[j] = ids[j]
+        put["seqlens"][0] = total - 1
+        put["total"][0] = total
+        rows = n
         if spec.logits_to_keep is not None:
-            feed["keep"][0] = rows = keep
+            put["keep"][0] = rows = keep
         if bind:
             b.bind_cpu_input(spec.seqlens_k, feed["seqlens"])
             b.bind_cpu_input(spec.total_sequence_length, feed["total"])
@@ -758,6 +767,11 @@ class DeviceRows(_Rows):
             lm.rows_read += values.shape[0]
         ids, values, bound = found
         return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
+
+
+def _flat_view(arr: np.ndarray) -> memoryview:
+    """A C-contiguous array's memory as a flat memoryview of its items (writes land in the array)."""
+    return memoryview(arr).cast("B").cast(arr.dtype.char)
 
 
 def _top_entries(lm: "CausalLM", values: np.ndarray, cols: np.ndarray, k: int) -> tuple:

@@ -420,9 +420,11 @@ class LogitsPipeline:
     def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
         """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
         have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries), unless
-        it is the ``last`` (only drawn from) and its heavy weights reach past those entries; else ``row`` (in
-        place: a row is verified once)."""
-        if hasattr(logits, "top") and self._lazy_rows() and not (last and no_head(logits, self)):
+        its heavy weights reach past those entries and it is the ``last`` (only drawn from) or penalized (whose
+        bookkeeping then buys nothing: a flat row's verdicts are rarely settled and its draws never); else ``row``
+        (in place: a row is verified once)."""
+        if hasattr(logits, "top") and self._lazy_rows() and \
+                not ((last or self.config.repetition_penalty != 1.0) and no_head(logits, self)):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
 

@@ -208,6 +208,22 @@ def test_min_mass_leaves_q_s_light_tokens_unread(norm_graph, tail):
         assert lazy._dist is None and CountingRow.reads == 0  # neither the whole row nor the light tokens read
 
 
+def test_penalized_flat_rows_are_read_whole(norm_graph):
+    """A penalized row goes to LazyRow only where its heavy weights are among the entries read: a flat one is
+    computed whole at once (its verdicts are rarely settled from the bounds, its draws never)."""
+    vocab = LogitsPipeline.LAZY_PENALTY_VOCAB
+    cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.8, repetition_penalty=1.2)
+    pipe = LogitsPipeline(cfg, vocab)
+    plain = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, temperature=0.8), vocab)
+    base = list(range(50))
+    for kind, lazy in (("peaked", True), ("flat", False)):
+        row = _rows(kind, vocab, 1, seed=2)[0]
+        graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / cfg.temperature, 32)
+        assert isinstance(pipe.verify_row(graph_row, base, []), LazyRow) is lazy, kind
+        assert isinstance(plain.verify_row(graph_row, base, []), LazyRow)  # (without a penalty its verdicts are)
+        assert not isinstance(pipe.verify_row(graph_row, base, [], last=True), LazyRow) or lazy
+
+
 def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):
     """A pass that computed no normalizer (scale 0, or a bundle without one) gives the whole row's verdicts."""
     vocab = 2000

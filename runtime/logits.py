@@ -601,7 +601,7 @@ class LogitsPipeline:
         cols = weights.size // BLOCK_ROWS
         for probe in NUCLEUS_PROBES:
             if probe > cols // 4 or BLOCK_ROWS * probe < target:
-                break  # (no weight exceeds 1: a probe's candidates, about BLOCK_ROWS per block, cannot hold it)
+                break  # no weight exceeds 1 and a probe reads about BLOCK_ROWS per block: too few (the same nucleus)
             cand = top_candidates(weights, probe)  # every entry >= some bound: a prefix of the descending order
             if _total(weights[cand]) >= target:
                 return self._top_p(cand, weights[cand].astype(np.float64) / total)
@@ -851,8 +851,8 @@ class LazyRow:
         First without q's lightest tokens, together at most MASS_WIDTH / 4 of it (they add between 0 and their q:
         p is not read there; most of a draft's 64 tokens carry almost none of its mass), then with all of them."""
         if self._dist is None and other.small:
-            light = _heavy(other.tokens, other.plist, self.MASS_WIDTH / 4)
-            for tokens, plist, tail in (light, (other.tokens, other.plist, 0.0)):
+            lean = _heavy(other.tokens, other.plist, self.MASS_WIDTH / 4)
+            for tokens, plist, tail in (lean, (other.tokens, other.plist, 0.0)):
                 for _ in range(2):
                     bounds = self._p_bounds(tokens)
                     if bounds is not None:

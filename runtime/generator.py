@@ -19,7 +19,7 @@ from .errors import BundleError, CacheOverflowError, OrtspecError
 from .logits import Dist, LogitsPipeline, Scratch
 from .model import LOGITS_PLACES, CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
-from .verify import Verdict, greedy_verify, verify_dists
+from .verify import Uniforms, Verdict, greedy_verify, verify_dists
 
 DRAFTERS = ("model", "prompt_lookup", "hybrid", "none")
 DRAFT_KV = ("auto", "own")  # where a self-draft's keys and values for committed text come from
@@ -348,7 +348,7 @@ class SpeculativeGenerator:
         pipe = LogitsPipeline(req.sampling, self.vocab_size, self._scratch)
         draft_pipe = LogitsPipeline(draft_sampling(req.sampling, self.draft_sampling), self.vocab_size,
                                     self._scratch) if req.sampling.do_sample else pipe
-        rng = np.random.default_rng(req.seed)
+        rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
         controller = make_controller(req.speculation, self, acceptance_mode(req.sampling))
         decoder = StreamDecoder(self.codec if req.text else None)
         target, sampling = self.target, req.sampling.do_sample

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ortspec.verify import acceptance_probability, greedy_verify, residual, sample, sampled_verify
+from ortspec.verify import Uniforms, acceptance_probability, greedy_verify, residual, sample, sampled_verify
 
 
 class FixedRng:
@@ -107,3 +107,15 @@ def test_greedy_verify():
     assert (v.accepted, v.next_token, v.bonus) == (1, 5, False)
     v = greedy_verify([], [6])
     assert (v.accepted, v.next_token, v.bonus) == (0, 6, True)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**40 + 3])
+def test_uniforms_are_the_generators_own_numbers(seed):
+    """The decode loop's uniform numbers come in blocks: the same numbers, in the same order, as the generator's
+    own one-at-a-time draws (across several blocks, and where a caller asks for an array)."""
+    plain, blocked = np.random.default_rng(seed), Uniforms(np.random.default_rng(seed))
+    n = 3 * Uniforms.BLOCK + 7
+    assert [blocked.random() for _ in range(n)] == [plain.random() for _ in range(n)]
+    assert np.array_equal(blocked.random((2, 3)), np.array([plain.random() for _ in range(6)]).reshape(2, 3))
+    assert blocked.random() == plain.random()
+    assert 0 <= blocked.integers(0, 10) < 10  # other methods: the generator's own

@@ -1,4 +1,5 @@
 """Cost model (pure functions) and the "auto" draft-length controller."""
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -253,8 +254,16 @@ def test_slower_timings_are_not_stored(llama_bundle, tmp_path):
     (bundle / PROFILE_FILE).unlink()
     gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=120, num_draft_tokens="auto", eos_token_id=[])
     stored = load_profile(bundle, gen.target.provider)  # written only if the acceptance it learned moved
-    assert stored is None or (stored["target_costs"] == fast["target_costs"] and "relearned_from_drift" not in stored)
-    assert gen.profile()["target_costs"] == fast["target_costs"]
+    assert stored is None or "relearned_from_drift" not in stored
+    kept = gen.profile()["target_costs"]
+    if "reshaped_by" in gen.profile():  # the sizes' timed costs contradicted the profile's relative costs (noise in
+        # its calibration or in these passes): their shape is stored at the profile's level, that is with the
+        # profile's own cost at the reference size (from 2 up) and at 1
+        assert kept[0] == fast["target_costs"][0]
+        assert any(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(kept[1:], fast["target_costs"][1:]))
+    else:
+        assert kept == fast["target_costs"]
+    assert stored is None or stored["target_costs"] == kept
 
 
 def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next_process(llama_bundle, tmp_path):

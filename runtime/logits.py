@@ -302,6 +302,7 @@ class LogitsPipeline:
         self._seen: set[int] = set()
         self._seen_ids = np.zeros(0, dtype=np.int64)
         self._theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
+        self.processes = config.repetition_penalty != 1.0 or bool(config.bad_words_ids)  # processors change scores
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
@@ -318,7 +319,7 @@ class LogitsPipeline:
         """Greedy choice per row: argmax of processed scores, lowest index on ties."""
         if hasattr(logits, "top"):  # DeviceRows
             return np.array([self._device_greedy(logits[i], base, new[:i]) for i in range(len(logits))])
-        if self.config.repetition_penalty == 1.0 and not self.config.bad_words_ids:
+        if not self.processes:
             return np.argmax(logits[:, : self.vocab_size], axis=1)  # float32 -> float64 keeps the order
         return np.argmax(self.scores(logits, base, new), axis=1)
 
@@ -446,7 +447,7 @@ class LogitsPipeline:
         tok, val, bound = read
         if len(tok) < k:
             return None
-        if self.config.repetition_penalty == 1.0 and not self.config.bad_words_ids:
+        if not self.processes:
             kth = val[k - 1]  # no processor moved an entry: they are in the descending order the row gave them
             n = k
             while n < len(val) and val[n] >= kth:
@@ -773,7 +774,6 @@ class LazyRow:
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is None and self._flat(top, inv_t, bound):
             return self.NEVER  # a dense draw from a flat row (exact changes would not settle it either)
-        p = self._p_bounds(draft.tokens)  # (also reads the row's scores of q's tokens)
         if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
             nucleus, s_lo, s_hi = kept
             q = dict(zip(draft.tokens, draft.plist))
@@ -791,6 +791,7 @@ class LazyRow:
             i = _pick(lo, hi, u * r_lo, u * r_hi)
             return None if i is None else ids[i]
         # dense p: q's tokens get weights (p - min(p, q')) * total (q' = q normalized), float32
+        p = self._p_bounds(draft.tokens)  # (also reads the row's scores of q's tokens)
         q_sum = math.fsum(draft.plist)
         qn = [x / q_sum for x in draft.plist]
         overlap_lo = math.fsum(min(a, q) for (a, _), q in zip(p, qn))
@@ -893,9 +894,8 @@ class LazyRow:
         if not len(values):
             return None
         m = float(values[0])  # the largest logit of the graph's row: the normalizer's reference
-        processed = pipe.config.repetition_penalty != 1.0 or bool(pipe.config.bad_words_ids)
         raw_read = dict(zip(*(x.tolist() if isinstance(x, np.ndarray) else list(x) for x in found[:2]))) \
-            if processed and not exact else None  # (before _read_top processes the lists in place)
+            if pipe.processes and not exact else None  # (before _read_top processes the lists in place)
         read = pipe._read_top(self.row, 0, self.base, self.new, found=found)
         if read is None:
             return None
@@ -911,7 +911,7 @@ class LazyRow:
         if width > pipe.vocab_size:
             row = self.row.numpy()
             extra = float(np.exp((row[pipe.vocab_size:].astype(np.float64) - m) * inv_t).sum())
-        if processed:
+        if pipe.processes:
             if exact:
                 changed_raw, changed = self._changed_mass(m, inv_t)
             else:  # the changes among the entries read; each other changed id lowers the sum by 0 to its raw term

@@ -94,6 +94,7 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "mo
     sampling = dict(sampling or {})
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
                                      thread_pool=thread_pool, draft_window=draft_window, draft_kv=draft_kv)
+    spec.record_min_mass = True  # the report gives sum_x min(p, q) per position
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
     sampling = spec.sampling_settings(**sampling)  # flags left out: the bundle's generation config
     if chat is None:

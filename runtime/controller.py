@@ -30,6 +30,8 @@ from .costmodel import best_gamma, predicted_speedup
 
 
 class FixedController:
+    reads_masses = False  # learns nothing from sum_x min(p, q)
+
     def __init__(self, gamma: int):
         self.gamma = gamma
 
@@ -50,6 +52,7 @@ class AutoController:
     MAX_JUMP = 3.0      # a profile-only cost may exceed the size before it by this many typical steps
     EVIDENCE = 8        # observations of the first position before a pause is trusted (a prior counts as many)
     plans = True        # chooses gamma (what it learns may be kept for the next request)
+    reads_masses = True  # learns acceptance from sum_x min(p, q) when sampling
 
     def __init__(self, max_gamma: int, profile: dict | None, target, draft_lm):
         self.max_gamma = max_gamma

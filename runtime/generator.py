@@ -40,8 +40,9 @@ class Stats:
     proposed_at: list = field(default_factory=list)   # per draft position: rounds that proposed it
     reached_at: list = field(default_factory=list)    # per draft position: rounds that verified it (all before passed)
     accepted_at: list = field(default_factory=list)   # per draft position: rounds that accepted it
-    min_mass_at: list = field(default_factory=list)   # per draft position (sampling): sum of sum_x min(p, q)
-    verified_at: list = field(default_factory=list)   # per draft position (sampling): positions verified
+    # per draft position (sampling), where the generator's ``record_min_mass`` or an auto gamma asks for it:
+    min_mass_at: list = field(default_factory=list)   # the sum of sum_x min(p, q) ...
+    verified_at: list = field(default_factory=list)   # ... over this many verified positions
     round_times_s: list = field(default_factory=list)
     round_tokens: list = field(default_factory=list)
     round_gammas: list = field(default_factory=list)
@@ -64,7 +65,9 @@ class Stats:
 
     @property
     def per_position_min_mass(self) -> list[float]:
-        """Mean sum_x min(p_i, q_i) over the rounds that verified position i: its expected acceptance."""
+        """Mean sum_x min(p_i, q_i) over the rounds that verified position i: its expected acceptance (recorded
+        when sampling with ``SpeculativeGenerator.record_min_mass`` on, as bench runs, or an auto gamma; else
+        empty)."""
         return [m / n if n else 0.0 for m, n in zip(self.min_mass_at, self.verified_at)]
 
     @property
@@ -174,6 +177,10 @@ class SpeculativeGenerator:
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
         self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
         self._guess = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
+        # Sampling: sum_x min(p, q) of every verified position into Stats (bench turns it on). An auto gamma
+        # learns from it and always computes it; otherwise it is host time that serves only the statistics
+        # (without top-k, about a tenth of a round's time outside onnxruntime on SmolLM2).
+        self.record_min_mass = False
 
     # -- construction -------------------------------------------------------
     @classmethod
@@ -277,6 +284,7 @@ class SpeculativeGenerator:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
         twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
         twin._profile, twin.draft_sampling, twin._scratch = self._profile, self.draft_sampling, self._scratch
+        twin.record_min_mass = self.record_min_mass
         return twin
 
     def profile(self) -> dict | None:
@@ -398,7 +406,8 @@ class SpeculativeGenerator:
             rows = target.forward_rows(committed[target.length:] + draft.tokens, keep=len(draft.tokens) + 1)
             raw = rows.copy() if req.strict else None  # verification may rewrite rows in place
             # 4. Verify left to right; the next token is a correction or the bonus.
-            masses = [] if sampling and counted else None  # sum_x min(p, q) of each verified draft position
+            # sum_x min(p, q) of each verified draft position, where the statistics or the controller read it
+            masses = [] if sampling and counted and (self.record_min_mass or controller.reads_masses) else None
             verdict = self._verify(pipe, rows, committed, draft, sampling, rng, masses)
             rows = None  # its host buffer is free again: the next pass writes into it, already bound
             if masses:

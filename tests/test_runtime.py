@@ -11,6 +11,7 @@ import ortspec
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import load_bundle
 from ortspec.errors import BundleError, CacheOverflowError, ModelRunError, ProviderUnavailableError
+from ortspec.logits import Dist, LazyRow
 from ortspec.model import CausalLM
 
 PROMPTS = [[1, 17, 5, 99, 42], [1, 8, 8, 8, 8, 8, 9, 8, 8], [1, 120, 3, 77, 64, 12, 33, 7, 90, 101, 4]]
@@ -186,6 +187,31 @@ def test_strict_long_sampled_generation(pair_bundle):
     assert s.drafted > s.accepted > 0  # there were rejections
     assert s.rounds == len(s.round_tokens) and sum(s.round_tokens) == 200
     assert len(s.per_position_acceptance) == 5 and all(0 <= a <= 1 for a in s.per_position_acceptance)
+
+
+def test_min_mass_is_computed_only_where_something_reads_it(pair_bundle, monkeypatch):
+    """sum_x min(p, q) costs host time every verified position: a fixed gamma computes it only for the statistics
+    when asked (record_min_mass, as bench does), an auto gamma always (it learns from it); the tokens never
+    depend on it."""
+    gen = SpeculativeGenerator.load(pair_bundle)
+    calls = []
+    original = Dist.min_mass
+    monkeypatch.setattr(Dist, "min_mass", lambda self, other: calls.append(1) or original(self, other))
+    monkeypatch.setattr(LazyRow, "min_mass", lambda self, other: calls.append(1) or original(self.dist(), other))
+    run = dict(input_ids=PROMPTS[0], max_new_tokens=30, do_sample=True, temperature=1.2, seed=5, eos_token_id=[])
+    plain = gen.generate(**run, num_draft_tokens=3)
+    assert not calls and plain.stats.per_position_min_mass == []
+    gen.record_min_mass = True
+    recorded = gen.generate(**run, num_draft_tokens=3)
+    assert recorded.token_ids == plain.token_ids
+    s = recorded.stats
+    assert len(calls) == sum(s.verified_at) > 0 and len(s.per_position_min_mass) == 3
+    assert all(0 < m <= 1 for m in s.per_position_min_mass)
+    assert gen.sibling("model").record_min_mass
+    calls.clear()
+    gen.record_min_mass = False
+    auto = gen.generate(**run, num_draft_tokens="auto")
+    assert calls and len(calls) == sum(auto.stats.verified_at)
 
 
 def test_strict_detects_a_broken_cache(pair_bundle):

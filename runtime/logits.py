@@ -20,8 +20,9 @@ from __future__ import annotations
 from array import array
 import bisect
 import heapq
-from itertools import accumulate
+from itertools import accumulate, islice
 import math
+import operator
 import sys
 from typing import Sequence
 
@@ -262,20 +263,21 @@ def top_candidates(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 class Scratch:
-    """A few reusable vocabulary-wide float32 arrays. Fresh arrays of this size cost page faults on every
-    allocation (more than the arithmetic on them); one is handed out again only when nothing refers to it
-    any more (a returned Dist keeps its weights referenced). One Scratch per thread of work."""
+    """A few reusable vocabulary-wide arrays (float32 rows; the nucleus search's intp keys, float64 weights and
+    mask). Fresh arrays of this size cost page faults on every allocation (more than the arithmetic on them);
+    one is handed out again only when nothing refers to it any more (a returned Dist keeps its weights
+    referenced). One Scratch per thread of work."""
 
-    KEEP = 4
+    KEEP = 8
 
     def __init__(self):
         self._arrays: list[np.ndarray] = []
 
-    def take(self, width: int) -> np.ndarray:
+    def take(self, width: int, dtype=np.float32) -> np.ndarray:
         for arr in self._arrays:  # (a plain loop: enumerate's reused tuple would hold one more reference)
-            if sys.getrefcount(arr) <= 3 and arr.size == width:  # the list, this loop, the call
+            if sys.getrefcount(arr) <= 3 and arr.size == width and arr.dtype == dtype:  # the list, this loop, the call
                 return arr
-        arr = np.empty(width, dtype=np.float32)
+        arr = np.empty(width, dtype=dtype)
         if len(self._arrays) < self.KEEP:
             self._arrays.append(arr)
         return arr
@@ -422,9 +424,10 @@ class LogitsPipeline:
         """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
         have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries), unless
         its heavy weights reach past those entries and it is the ``last`` (only drawn from) or penalized (whose
-        bookkeeping then buys nothing: a flat row's verdicts are rarely settled and its draws never); else ``row``
-        (in place: a row is verified once)."""
-        if hasattr(logits, "top") and self._lazy_rows() and \
+        bookkeeping then buys nothing: a flat row's verdicts are rarely settled and its draws never), or its
+        top-p nucleus does (``wide_nucleus``: nothing is settled then); else ``row`` (in place: a row is verified
+        once)."""
+        if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self) and \
                 not ((last or self.config.repetition_penalty != 1.0) and no_head(logits, self)):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
@@ -553,28 +556,28 @@ class LogitsPipeline:
             return self._nucleus_sorted(ids[order], e / e.sum())
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
         val = scores.tolist() if isinstance(scores, np.ndarray) else scores
-        order = sorted(zip([-v for v in val], tok))  # the top-p order (-score, id)
+        if all(map(operator.gt, val, islice(val, 1, None))):
+            pass  # strictly descending, as the graph returns a row's largest entries: already the top-p order
+        else:  # the top-p order (-score, id)
+            order = sorted(zip(map(operator.neg, val), tok))
+            val, tok = [-v for v, _ in order], [t for _, t in order]
         temperature = self.config.temperature
-        top = -order[0][0] / temperature
-        e = [math.exp(-v / temperature - top) for v, _ in order]
+        top = val[0] / temperature
+        e = [math.exp(v / temperature - top) for v in val]
         total = math.fsum(e)
         probs = [x / total for x in e]
         n = len(probs)
         while n > 1 and probs[n - 1] == 0.0:  # underflowed: the tail of the order
             n -= 1
-        if self.config.top_p < 1.0:
-            acc, cut = 0.0, n
-            for j in range(n - 1):  # kept while the mass strictly before a token is < top_p
-                acc += probs[j]
-                if acc >= self.config.top_p:
-                    cut = j + 1
-                    break
-            n = cut
+        if self.config.top_p < 1.0 and n > 1:
+            # kept while the mass strictly before a token is < top_p: through the first running sum >= top_p
+            # (the running sums of the mass, added left to right)
+            n = min(bisect.bisect_left(list(accumulate(probs[:n - 1])), self.config.top_p) + 1, n)
         if n < len(probs):
             total = math.fsum(probs[:n])
             probs = [x / total for x in probs[:n]]
-        pairs = sorted(zip((t for _, t in order[:n]), probs))
-        return Dist(tokens=[t for t, _ in pairs], plist=[p for _, p in pairs])
+        by_id = sorted(range(n), key=tok.__getitem__)
+        return Dist(tokens=[tok[i] for i in by_id], plist=[probs[i] for i in by_id])
 
     def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
         """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.
@@ -613,18 +616,23 @@ class LogitsPipeline:
         ordered as their values, so their top bits name buckets of ever larger weights (1/128 of an octave each).
         One pass finds each bucket's mass; the bucket where the mass in descending order reaches the target is the
         only one sorted exactly: above it every token is kept, below it none."""
-        keys = weights.view(np.int32) >> HIST_SHIFT
-        # float64, descending buckets (bincount casts int32 ids and float32 weights itself ~5x slower than astype)
-        mass = np.bincount(keys.astype(np.intp), weights=weights.astype(np.float64))[::-1]
+        # intp keys and float64 weights (bincount casts int32 ids and float32 weights itself ~5x slower), written
+        # into reused arrays (fresh ones of this size cost more in page faults than the histogram itself)
+        keys = np.right_shift(weights.view(np.int32), HIST_SHIFT, out=self.scratch.take(weights.size, np.intp))
+        wide = self.scratch.take(weights.size, np.float64)
+        np.copyto(wide, weights)
+        mass = np.bincount(keys, weights=wide)[::-1]  # descending buckets
+        wide = None  # (free for the next row)
         upto = np.cumsum(mass)
         j = min(int(np.searchsorted(upto, target, side="left")), mass.size - 1)  # first bucket reaching it
         cut = mass.size - 1 - j                             # its key
         mass_above = float(upto[j - 1]) if j else 0.0
-        band = np.flatnonzero(keys == cut)
+        mask = self.scratch.take(weights.size, np.bool_)
+        band = np.flatnonzero(np.equal(keys, cut, out=mask))
         order = band[np.lexsort((band, -weights[band]))]
         before = mass_above + np.cumsum(weights[order], dtype=np.float64) - weights[order]
         kept = order[before < target]
-        above = keys > cut
+        above = np.greater(keys, cut, out=mask)
         if np.count_nonzero(above) + kept.size <= SPARSE_MAX:
             ids = np.concatenate([np.flatnonzero(above), kept])
             return self._top_p_done(ids, weights[ids])
@@ -652,6 +660,22 @@ def no_head(row, pipe: "LogitsPipeline") -> bool:
             return False  # every entry is read
         spread = float(values[0]), float(values[-1])
     return (spread[0] - spread[1]) * LOG2_E / pipe.config.temperature <= -math.log2(HEAD_MIN)
+
+
+def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
+    """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
+    graph's normalizer alone: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP
+    of the total, and where top_p of the total is more, the nucleus keeps tokens not read and LazyRow settles
+    nothing from them (it would bound all LAZY_TOP weights first). Only for rows no processor changes and as wide
+    as the vocabulary (the normalizer is then the host's total, within 1e-5)."""
+    cfg = pipe.config
+    if cfg.top_p >= 1.0 or pipe.processes or not hasattr(row, "norm"):
+        return False
+    norm = row.norm()
+    if norm is None or getattr(row, "width", None) != pipe.vocab_size:
+        return False
+    scale, z_graph, _ = norm
+    return abs(scale * cfg.temperature - 1.0) <= 1e-9 and cfg.top_p * z_graph > 1.01 * LAZY_TOP
 
 
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:

@@ -15,7 +15,7 @@ import pytest
 from ortspec import verify
 from ortspec.config import SamplingConfig, draft_sampling
 from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, Dist, LazyRow, LogitsPipeline, acceptance_probability,
-                            draw_weights, sample_weights)
+                            draw_weights, sample_weights, wide_nucleus)
 from ortspec.export.graph import add_top_outputs
 from stats_util import ALPHA, chi_square_p
 from test_fast_sampling import rows_of
@@ -222,6 +222,37 @@ def test_penalized_flat_rows_are_read_whole(norm_graph):
         assert isinstance(pipe.verify_row(graph_row, base, []), LazyRow) is lazy, kind
         assert isinstance(plain.verify_row(graph_row, base, []), LazyRow)  # (without a penalty its verdicts are)
         assert not isinstance(pipe.verify_row(graph_row, base, [], last=True), LazyRow) or lazy
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_rows_whose_nucleus_reaches_past_the_entries_read_are_read_whole(norm_graph, temperature):
+    """Top-p without top-k: where the normalizer says the nucleus holds more than the LAZY_TOP entries read
+    (top_p times it above LAZY_TOP), no LazyRow is made (it could settle nothing); a peaked row, a processed one
+    and one whose normalizer is of another temperature still go to LazyRow. Verdicts, residual draws and draws
+    are the whole row's either way."""
+    vocab = 4096
+    cfg = SamplingConfig(do_sample=True, top_k=0, top_p=0.9, temperature=temperature)
+    pipe = LogitsPipeline(cfg, vocab)
+    penalized = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, top_p=0.9, temperature=temperature,
+                                              repetition_penalty=1.1), vocab)
+    penalized.LAZY_PENALTY_VOCAB = 0
+    draft = Dist(tokens=[3, 9, 17], plist=[0.5, 0.3, 0.2])
+    for kind, wide in (("flat", True), ("peaked", False)):
+        row = _rows(kind, vocab, 1, seed=5)[0]
+        graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / temperature, 32)
+        scale, z_graph, _ = graph_row.norm()
+        assert (cfg.top_p * z_graph > LAZY_TOP) is wide  # the rows are what their names say
+        assert wide_nucleus(graph_row, pipe) is wide
+        got = pipe.verify_row(graph_row, [], [])
+        assert isinstance(got, LazyRow) is not wide
+        assert not wide_nucleus(graph_row, penalized)
+        assert not wide_nucleus(GraphRow(norm_graph(vocab), row, LAZY_TOP, 0.5 / temperature, 32), pipe)
+        full = pipe.row(row.copy(), [])
+        for u in (0.05, 0.5, 0.95):
+            fresh = pipe.verify_row(GraphRow(norm_graph(vocab), row.copy(), LAZY_TOP, 1 / temperature, 32), [], [])
+            assert fresh.accepts(3, 0.5, u) == full.accepts(3, 0.5, u)
+            assert fresh.residual(draft, u) == full.residual(draft, u)
+            assert fresh.draw(u) == full.draw(u)
 
 
 def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):

@@ -365,8 +365,8 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
     or ``logits="host"``)."""
     if rows not in MICRO_ROWS:
         raise ValueError(f"rows must be one of {', '.join(MICRO_ROWS)}, got {rows!r}")
-    from .config import SamplingConfig, draft_sampling
-    from .logits import LogitsPipeline
+    from .config import SamplingConfig
+    from .logits import LogitsPipeline, draft_pipeline
     from .verify import greedy_verify, verify_dists
     out = []
     evict = np.ones((int(cold_mb) << 20) // 4, dtype=np.float32) if cold_mb else None
@@ -374,7 +374,7 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
     for name, kw in (settings or MICRO_SETTINGS).items():
         cfg = SamplingConfig(**({"do_sample": True} | kw))
         pipe = LogitsPipeline(cfg, vocab)  # one per request, as in decoding (the context's token set is kept)
-        draft_pipe = LogitsPipeline(draft_sampling(cfg), vocab, pipe.scratch)
+        draft_pipe = draft_pipeline(cfg, vocab, pipe.scratch)
         for kind in ("peaked", "flat"):
             for case in ("all accepted", "first rejected"):
                 times = []

@@ -11,12 +11,12 @@ import warnings
 import numpy as np
 
 from .bundle import Bundle, load_bundle
-from .config import SamplingConfig, SpeculationConfig, draft_sampling, resolve_sampling
+from .config import SamplingConfig, SpeculationConfig, resolve_sampling
 from .controller import acceptance_mode, make_controller, stored_acceptance
 from .drafters import (Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window,
                        common_prefix)
 from .errors import BundleError, CacheOverflowError, OrtspecError
-from .logits import Dist, LogitsPipeline, Scratch
+from .logits import Dist, LogitsPipeline, Scratch, draft_pipeline
 from .model import LOGITS_PLACES, CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
 from .verify import Uniforms, Verdict, greedy_verify, verify_dists
@@ -354,8 +354,8 @@ class SpeculativeGenerator:
     # -- the decode loop ------------------------------------------------------
     def _rounds(self, req: _Request, stats: Stats, outcome: list) -> Iterator[Event]:
         pipe = LogitsPipeline(req.sampling, self.vocab_size, self._scratch)
-        draft_pipe = LogitsPipeline(draft_sampling(req.sampling, self.draft_sampling), self.vocab_size,
-                                    self._scratch) if req.sampling.do_sample else pipe
+        draft_pipe = draft_pipeline(req.sampling, self.vocab_size, self._scratch, self.draft_sampling) \
+            if req.sampling.do_sample else pipe
         rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
         controller = make_controller(req.speculation, self, acceptance_mode(req.sampling))
         decoder = StreamDecoder(self.codec if req.text else None)

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .config import SamplingConfig
+from .config import SamplingConfig, draft_sampling
 
 BLOCK_ROWS = 32       # a row of width W is viewed as [32, W / 32]; a "block" is one column of it
 SPARSE_MAX = 4096     # a nucleus of at most this many tokens is kept as ids + probabilities
@@ -290,10 +290,13 @@ class LogitsPipeline:
     committed tokens plus the draft tokens fed before that position.
     """
 
-    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None):
+    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None, tail: float = 0.0):
         self.config = config
         self.vocab_size = int(vocab_size)
         self.scratch = scratch or Scratch()
+        # A draft's pipeline (``draft_pipeline``): a small distribution drops its lightest candidates where they
+        # hold together at most ``tail`` of its mass (q is free, as long as the verifier sees the q drawn from)
+        self.tail = float(tail)
         self.lazy_settled = 0  # LazyRow verdicts settled from a row's largest entries
         self.lazy_read = 0     # ... and those that needed the whole row
         single = [w[0] for w in config.bad_words_ids if len(w) == 1]
@@ -563,7 +566,17 @@ class LogitsPipeline:
             val, tok = [-v for v, _ in order], [t for _, t in order]
         temperature = self.config.temperature
         top = val[0] / temperature
-        e = [math.exp(v / temperature - top) for v in val]
+        if self.tail:  # candidates in descending order: stop where those left weigh at most tail of the mass so far
+            e, mass, n = [], 0.0, len(val)
+            for j, v in enumerate(val):
+                w = math.exp(v / temperature - top)
+                if (n - j) * w <= self.tail * mass:
+                    val, tok = val[:j], tok[:j]
+                    break
+                e.append(w)
+                mass += w
+        else:
+            e = [math.exp(v / temperature - top) for v in val]
         total = math.fsum(e)
         probs = [x / total for x in e]
         n = len(probs)
@@ -645,6 +658,18 @@ class LogitsPipeline:
         order = np.argsort(ids)
         w = weights[order].astype(np.float64)
         return Dist(ids[order], w / w.sum())
+
+
+DRAFT_TAIL = 1e-3  # the lightest draft candidates, holding together at most this much of q, are not drafted from
+
+
+def draft_pipeline(config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None,
+                   policy: str = "match") -> LogitsPipeline:
+    """The pipeline a draft model samples with for a request under ``config``: ``config.draft_sampling``'s
+    settings (top-k at most DRAFT_TOP_K), its lightest candidates left out (at most DRAFT_TAIL of q: acceptance,
+    sum_x min(p, q), moves by at most that much; most of a peaked row's 64 candidates are never exponentiated,
+    sorted or compared). Exact either way: the verifier sees the q each draft token was drawn from."""
+    return LogitsPipeline(draft_sampling(config, policy), vocab_size, scratch, tail=DRAFT_TAIL)
 
 
 def no_head(row, pipe: "LogitsPipeline") -> bool:
@@ -781,8 +806,12 @@ class LazyRow:
         if self._flat(top, inv_t, bound):
             return None  # a token not read could be among them
         head = []
+        ordered = not self.pipe.processes  # the scores are the raw entries, in the descending order read
         for t, v in scores.items():
-            w = changed.get(t) or (self._w_bounds(v, top, inv_t) if v > -math.inf else (0.0, 0.0))
+            raw = self._w_bounds(v, top, inv_t) if v > -math.inf else (0.0, 0.0)
+            if ordered and raw[1] < HEAD_MIN:
+                break  # every later entry weighs at most this one (a residual weight at most its weight)
+            w = changed.get(t) or raw
             if w[0] >= HEAD_MIN:
                 head.append((t, w))
             elif w[1] >= HEAD_MIN:
@@ -967,7 +996,12 @@ class LazyRow:
         through it decidedly at or above); None otherwise. The probability of a kept token is then its weight
         over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only
         tokens scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it)."""
-        items = sorted((-v, t) for t, v in scores.items() if v > bound)  # the top-p order: score, then id
+        values = list(scores.values())
+        if not self.pipe.processes and all(map(operator.gt, values, islice(values, 1, None))):
+            # the raw entries in the strictly descending order read: already the top-p order
+            items = [(-v, t) for t, v in zip(scores, values) if v > bound]
+        else:
+            items = sorted((-v, t) for t, v in scores.items() if v > bound)  # the top-p order: score, then id
         rest = self._w_bounds(bound, top, inv_t)[1] if bound > -math.inf else 0.0
         top_p = self.pipe.config.top_p
         c_lo = c_hi = 0.0

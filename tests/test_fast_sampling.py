@@ -7,12 +7,14 @@ chi-square tests, each with a negative control.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from ortspec import exactness, verify
 from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
-from ortspec.logits import LOG2_E, Dist, LogitsPipeline, sample_weights, top_candidates
+from ortspec.logits import DRAFT_TAIL, LOG2_E, Dist, LogitsPipeline, draft_pipeline, sample_weights, top_candidates
 from stats_util import ALPHA, chi_square_p
 
 
@@ -185,6 +187,42 @@ def test_dense_negative_control_is_caught(dense_pair):
     p, q, vocab = dense_pair
     counts = _first_token_counts(p, q, exactness.wrong_verify, 60_000, vocab)
     assert chi_square_p(counts, p.dense(vocab)) < ALPHA
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat"])
+def test_the_draft_pipeline_leaves_out_at_most_its_tail(kind):
+    """A draft's q drops its lightest candidates where together they hold at most DRAFT_TAIL of it: a subset of
+    the untruncated q's support, the same probabilities renormalized; a flat row (nothing light enough) keeps
+    every candidate, bit for bit."""
+    vocab = 20_000
+    cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=0)
+    row = rows_of(kind, vocab, 1, seed=8)[0]
+    full = LogitsPipeline(draft_sampling(cfg), vocab).row(row.copy(), [])
+    lean = draft_pipeline(cfg, vocab).row(row.copy(), [])
+    assert lean.small and set(lean.tokens) <= set(full.tokens)
+    dropped = math.fsum(p for t, p in zip(full.tokens, full.plist) if t not in set(lean.tokens))
+    assert dropped <= DRAFT_TAIL
+    assert all(math.isclose(p, full.prob(t) / (1 - dropped), rel_tol=1e-9) for t, p in zip(lean.tokens, lean.plist))
+    if kind == "peaked":
+        assert len(lean.tokens) < len(full.tokens) // 2  # the case it is for: many candidates never computed
+    else:
+        assert lean.tokens == full.tokens and lean.plist == full.plist
+
+
+def test_a_truncated_draft_still_commits_the_target_distribution():
+    """The verifier sees the q a draft token was drawn from, truncated or not: the first committed token is
+    distributed as p (and a dense p's residual reaches the tokens q left out)."""
+    vocab = 20_000
+    cfg = SamplingConfig(do_sample=True, temperature=1.0, top_k=0)
+    target_row = rows_of("peaked", vocab, 1, seed=5)[0]
+    draft_row = target_row + np.random.default_rng(9).standard_normal(vocab).astype(np.float32)
+    p = LogitsPipeline(cfg, vocab).row(target_row, [])
+    q = draft_pipeline(cfg, vocab).row(draft_row, [])
+    assert q.small and len(q.tokens) < DRAFT_TOP_K
+    counts = _first_token_counts(p, q, verify.verify_dists, 60_000, vocab, seed=3)
+    assert chi_square_p(counts, p.dense(vocab)) > ALPHA
+    wrong = _first_token_counts(p, q, exactness.wrong_verify, 60_000, vocab, seed=3)  # negative control
+    assert chi_square_p(wrong, p.dense(vocab)) < ALPHA
 
 
 def test_lazy_verification_computes_rows_only_up_to_the_rejection():

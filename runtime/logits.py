@@ -999,23 +999,27 @@ class LazyRow:
         values = list(scores.values())
         if not self.pipe.processes and all(map(operator.gt, values, islice(values, 1, None))):
             # the raw entries in the strictly descending order read: already the top-p order
-            items = [(-v, t) for t, v in zip(scores, values) if v > bound]
-        else:
-            items = sorted((-v, t) for t, v in scores.items() if v > bound)  # the top-p order: score, then id
+            toks, n = list(scores), len(values)
+            while n and values[n - 1] <= bound:
+                n -= 1
+        else:  # the top-p order: score, then id
+            items = sorted((-v, t) for t, v in scores.items() if v > bound)
+            values, toks, n = [-v for v, _ in items], [t for _, t in items], len(items)
         rest = self._w_bounds(bound, top, inv_t)[1] if bound > -math.inf else 0.0
         top_p = self.pipe.config.top_p
+        w_bounds = self._w_bounds
         c_lo = c_hi = 0.0
-        for j, (v, _) in enumerate(items):  # (weights bounded as the cut is searched: it comes early in most rows)
-            w_lo, w_hi = self._w_bounds(-v, top, inv_t)
+        for j in range(n):  # (weights bounded as the cut is searched: it comes early in most rows)
+            w_lo, w_hi = w_bounds(values[j], top, inv_t)
             c_lo, c_hi = c_lo + w_lo, c_hi + w_hi
             if c_hi * (1 + 1e-12) / z_lo < top_p:
                 continue  # the next token is kept
             if c_lo * (1 - 1e-12) / z_hi < top_p:
                 return None  # the cut is not settled here
-            after = max(self._w_bounds(-items[j + 1][0], top, inv_t)[1] if j + 1 < len(items) else 0.0, rest)
+            after = max(w_bounds(values[j + 1], top, inv_t)[1] if j + 1 < n else 0.0, rest)
             if not after < w_lo:
                 return None  # the order at the cut is not settled (weights within each other's bounds)
-            return {t for _, t in items[:j + 1]}, c_lo * (1 - 1e-12), c_hi * (1 + 1e-12)
+            return set(toks[:j + 1]), c_lo * (1 - 1e-12), c_hi * (1 + 1e-12)
         return None  # the nucleus reaches past the tokens read
 
     @staticmethod

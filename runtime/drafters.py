@@ -131,8 +131,7 @@ class ModelDrafter:
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:
         self.sync(committed)
-        committed = list(committed)
-        seen = self.view(committed)
+        seen = self.view(committed)  # (a copy: the caller's list is read, never changed)
         if self.lm.length + gamma + 1 > self.lm.capacity:
             gamma = max(0, self.lm.capacity - len(seen))
         feed = seen[self.lm.length:]

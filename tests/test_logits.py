@@ -63,6 +63,32 @@ def test_greedy_applies_penalty_and_takes_lowest_index_on_ties():
     assert pipe.greedy(rows, [1, 2])[0] == 3       # both penalized
 
 
+def test_the_penalized_set_follows_the_context():
+    """The distinct tokens a penalty reads are cached per context: a list extended in place adds only its new
+    tokens (with ``growing_context``, as the decode loop sets it, without comparing the prefix again); any other
+    context, or one changed in place where the flag is off, is read afresh. Each time the set is exactly the
+    context's."""
+    rows = np.array([[1.0, 3.0, 3.0, 2.0, 0.5]], dtype=np.float32)
+    for growing in (False, True):
+        pipe = LogitsPipeline(SamplingConfig(repetition_penalty=2.0), 5)
+        pipe.growing_context = growing
+        context = [1]
+        for extra in ([2], [3, 3], [7]):  # 7: outside the vocabulary
+            pipe.greedy(rows, context)
+            assert pipe._seen == {t for t in context if t < 5}
+            context.extend(extra)
+        pipe.greedy(rows, context)
+        assert pipe._seen == {1, 2, 3}
+        assert pipe.greedy(rows, [4])[0] == 1 and pipe._seen == {4}  # another list: read afresh
+        assert pipe.greedy(rows, [4, 1])[0] == 2 and pipe._seen == {4, 1}
+    pipe = LogitsPipeline(SamplingConfig(repetition_penalty=2.0), 5)
+    context = [1, 2]
+    pipe.greedy(rows, context)
+    context[1] = 0  # changed in place (no decode loop does this): the flag is off, so it is noticed
+    pipe.greedy(rows, context)
+    assert pipe._seen == {0, 1}
+
+
 def test_context_of_each_row_includes_earlier_drafts():
     pipe = LogitsPipeline(SamplingConfig(repetition_penalty=10.0), 3)
     rows = np.array([[1.0, 2.0, 0.0]] * 3, dtype=np.float32)

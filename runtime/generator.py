@@ -356,8 +356,7 @@ class SpeculativeGenerator:
         pipe = LogitsPipeline(req.sampling, self.vocab_size, self._scratch)
         draft_pipe = draft_pipeline(req.sampling, self.vocab_size, self._scratch, self.draft_sampling) \
             if req.sampling.do_sample else pipe
-        for rules in {id(pipe): pipe, id(draft_pipe): draft_pipe}.values():
-            rules.growing_context = True  # ``committed`` below is one list, only ever extended
+        pipe.growing_context = draft_pipe.growing_context = True  # ``committed`` below: one list, only extended
         rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
         controller = make_controller(req.speculation, self, acceptance_mode(req.sampling))
         decoder = StreamDecoder(self.codec if req.text else None)

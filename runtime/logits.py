@@ -566,10 +566,8 @@ class LogitsPipeline:
             return self._nucleus_sorted(ids[order], e / e.sum())
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
         val = scores.tolist() if isinstance(scores, np.ndarray) else scores
-        if all(map(operator.gt, val, islice(val, 1, None))):
-            pass  # strictly descending, as the graph returns a row's largest entries: already the top-p order
-        else:  # the top-p order (-score, id)
-            order = sorted(zip(map(operator.neg, val), tok))
+        if not _descending(val):  # (as the graph returns a row's largest entries, they already are the top-p order)
+            order = sorted(zip(map(operator.neg, val), tok))  # the top-p order (-score, id)
             val, tok = [-v for v, _ in order], [t for _, t in order]
         temperature = self.config.temperature
         top = val[0] / temperature
@@ -1004,7 +1002,7 @@ class LazyRow:
         over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only
         tokens scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it)."""
         values = list(scores.values())
-        if not self.pipe.processes and all(map(operator.gt, values, islice(values, 1, None))):
+        if not self.pipe.processes and _descending(values):
             # the raw entries in the strictly descending order read: already the top-p order
             toks, n = list(scores), len(values)
             while n and values[n - 1] <= bound:
@@ -1121,6 +1119,12 @@ def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[i
             return [tokens[j] for j in keep], [plist[j] for j in keep], tail
         tail += plist[j]
     return [], [], tail
+
+
+def _descending(values: list[float]) -> bool:
+    """Whether scores are strictly descending (no ties): then they are in the top-p order (-score, id) as they
+    stand."""
+    return all(map(operator.gt, values, islice(values, 1, None)))
 
 
 def _total(weights: np.ndarray) -> float:

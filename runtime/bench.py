@@ -405,9 +405,7 @@ def micro_bench(vocab: int = 151_936, gamma: int = 4, repeats: int = 30, context
                         elif not cfg.do_sample:
                             greedy_verify(tokens, pipe.greedy(target_rows, base, tokens))
                         else:
-                            verify_dists(tokens, dists,
-                                         lambda j: pipe.verify_row(target_rows[j], base, tokens[:j],
-                                                                   last=j == len(tokens)), rng)
+                            verify_dists(tokens, dists, pipe.verify_rows(target_rows, base, tokens), rng)
                         spent += time.perf_counter() - t0
                     times.append(spent)
                 out.append({"setting": name, "rows": kind, "case": case, "vocab": vocab, "gamma": gamma,

@@ -526,9 +526,7 @@ class SpeculativeGenerator:
         """The round's verdict; when sampling, sum_x min(p, q) of each verified position goes into ``masses``."""
         if sampling:
             return self._sampled_verify(draft.tokens, draft.dists or [],
-                                        lambda i: pipe.verify_row(rows[i], committed, draft.tokens[:i],
-                                                                  last=i == len(draft.tokens)), rng,
-                                        masses)
+                                        pipe.verify_rows(rows, committed, draft.tokens), rng, masses)
         return greedy_verify(draft.tokens, pipe.greedy(rows, committed, draft.tokens))
 
     def _sync_drafter(self, committed) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from array import array
 import bisect
-import heapq
 from itertools import accumulate, islice
 import math
 import operator
@@ -310,7 +309,8 @@ class LogitsPipeline:
         # a pass, comparing a few hundred tokens cost ~0.1 ms per row)
         self.growing_context = False
         self._seen: set[int] = set()
-        self._seen_ids = np.zeros(0, dtype=np.int64)
+        self._seen_order: list[int] = []  # the same ids in the order first seen (the array is made when asked for)
+        self._seen_array = np.zeros(0, dtype=np.int64)
         self._theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
         self.processes = config.repetition_penalty != 1.0 or bool(config.bad_words_ids)  # processors change scores
 
@@ -345,7 +345,8 @@ class LogitsPipeline:
         n = len(self._seen_of)
         same = self.growing_context and base is self._seen_base and len(base) >= n
         if not same and (len(base) < n or list(base[:n]) != self._seen_of):
-            self._seen_of, self._seen, self._seen_ids, n = [], set(), np.zeros(0, dtype=np.int64), 0
+            self._seen_of, self._seen, self._seen_order, n = [], set(), [], 0
+            self._seen_array = np.zeros(0, dtype=np.int64)
         self._seen_base = base
         if len(base) > n:
             fresh = [int(t) for t in base[n:]]
@@ -353,13 +354,22 @@ class LogitsPipeline:
             added = [t for t in dict.fromkeys(fresh) if t not in self._seen and 0 <= t < self.vocab_size]
             if added:  # appended (the whole set is not rebuilt each round)
                 self._seen.update(added)
-                self._seen_ids = np.concatenate([self._seen_ids, np.asarray(added, dtype=np.int64)])
+                self._seen_order.extend(added)
+
+    def _seen_ids(self) -> np.ndarray:
+        """The cached distinct ids as an int64 array (extended from the list only when rows are read whole: the
+        paths that read a row's largest entries need just the set)."""
+        have, order = self._seen_array.size, self._seen_order
+        if have != len(order):
+            self._seen_array = np.concatenate([self._seen_array, np.asarray(order[have:], dtype=np.int64)])
+        return self._seen_array
 
     def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
         """Distinct ids of base + new inside the vocabulary."""
         self._update_seen(base)
         extra = [t for t in dict.fromkeys(int(t) for t in new) if t not in self._seen and 0 <= t < self.vocab_size]
-        return np.concatenate([self._seen_ids, np.asarray(extra, dtype=np.int64)]) if extra else self._seen_ids
+        ids = self._seen_ids()
+        return np.concatenate([ids, np.asarray(extra, dtype=np.int64)]) if extra else ids
 
     def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
@@ -442,6 +452,12 @@ class LogitsPipeline:
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
 
+    def verify_rows(self, rows, base: Sequence[int], tokens: Sequence[int]):
+        """What verification reads of a pass's rows (``verify_dists``' target_dist): row ``i`` (i <= len(tokens))
+        as ``verify_row`` gives it for the context ``base + tokens[:i]``, the last one only drawn from."""
+        n = len(tokens)
+        return lambda i: self.verify_row(rows[i], base, tokens[:i], last=i == n)
+
     def _device_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32):
         """The processed scores of a row's largest entries, read from ``drow.top`` (a row whose largest entries
         the graph or the device found), when they decide its top ``k`` exactly: (ids, scores, kth) as lists,
@@ -466,11 +482,16 @@ class LogitsPipeline:
             while n < len(val) and val[n] >= kth:
                 n += 1
             return (tok[:n], val[:n], kth) if kth > bound else None
-        kth = heapq.nlargest(k, val)[-1]
+        # processors moved entries: one sort into the top-p order (descending score, lowest id first on ties),
+        # which finds the k-th largest and leaves the kept entries as ``_sparse`` takes them without sorting again
+        order = sorted(zip(map(operator.neg, val), tok))
+        kth = -order[k - 1][0]
         if not kth > bound:
             return None
-        keep = [j for j, v in enumerate(val) if v >= kth]
-        return [tok[j] for j in keep], [val[j] for j in keep], kth
+        n = k
+        while n < len(order) and -order[n][0] >= kth:
+            n += 1
+        return [t for _, t in order[:n]], [-v for v, _ in order[:n]], kth
 
     def _read_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32, found=None):
         """(ids, processed scores, bound) of the ``k`` largest entries ``drow.top`` returns (or of ``found``, what
@@ -478,7 +499,7 @@ class LogitsPipeline:
         not read is at most, processed or not; None with a penalty below 1 (it raises entries from anywhere)."""
         if self.config.repetition_penalty < 1.0:
             return None
-        ids, vals, bound = found or drow.top(k)  # arrays, or fresh lists (changed below in place)
+        ids, vals, bound = found or drow.top(k)  # arrays or lists (read, never changed)
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
         val = vals.tolist() if isinstance(vals, np.ndarray) else vals
         if tok and max(tok) >= self.vocab_size:  # padding columns of a wider graph
@@ -488,15 +509,12 @@ class LogitsPipeline:
         if theta != 1.0:
             self._update_seen(base)
             seen, extra = self._seen, {int(t) for t in new}
-            hit = [j for j, t in enumerate(tok) if t in seen or t in extra]
-            if hit:
-                if dtype == np.float32:  # float32 products and quotients, as NumPy makes them on float32 rows
-                    t32 = self._theta32
-                    changed = array("f", [val[j] * t32 if val[j] < 0 else val[j] / t32 for j in hit]).tolist()
-                else:
-                    changed = [val[j] * theta if val[j] < 0 else val[j] / theta for j in hit]
-                for j, v in zip(hit, changed):
-                    val[j] = v
+            if dtype == np.float32:  # float32 products and quotients, as NumPy makes them on float32 rows (the
+                t32 = self._theta32  # values read are float32 numbers: rounding them again leaves them as they are)
+                val = array("f", [(v * t32 if v < 0 else v / t32) if t in seen or t in extra else v
+                                  for t, v in zip(tok, val)]).tolist()
+            else:
+                val = [(v * theta if v < 0 else v / theta) if t in seen or t in extra else v for t, v in zip(tok, val)]
         if self.config.bad_words_ids:
             banned = set(self._banned_list(base, new))
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
@@ -789,7 +807,9 @@ class LazyRow:
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is not None:  # a nucleus (ids ascending): inverse CDF over p = weight / the kept weights' sum
-            nucleus, s_lo, s_hi = kept
+            nucleus, s_lo, s_hi, whole = kept
+            if not whole:
+                return self.NEVER  # it reaches past the tokens read: drawn from the whole row
             ids = sorted(nucleus)
             w = [self._w_bounds(scores[t], top, inv_t) for t in ids]
             lo, hi = [a / s_hi for a, _ in w], [b / s_lo for _, b in w]
@@ -830,10 +850,10 @@ class LazyRow:
         if not isinstance(read, tuple):
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
-        if kept is None and self._flat(top, inv_t, bound):
-            return self.NEVER  # a dense draw from a flat row (exact changes would not settle it either)
+        if kept is None and self._flat(top, inv_t, bound) or kept is not None and not kept[3]:
+            return self.NEVER  # a dense draw from a flat row, or a nucleus reaching past the tokens read
         if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
-            nucleus, s_lo, s_hi = kept
+            nucleus, s_lo, s_hi, _ = kept
             q = dict(zip(draft.tokens, draft.plist))
             ids = sorted(nucleus | set(q))
             lo, hi = [], []
@@ -953,7 +973,7 @@ class LazyRow:
             return None
         m = float(values[0])  # the largest logit of the graph's row: the normalizer's reference
         raw_read = dict(zip(*(x.tolist() if isinstance(x, np.ndarray) else list(x) for x in found[:2]))) \
-            if pipe.processes and not exact else None  # (before _read_top processes the lists in place)
+            if pipe.processes and not exact else None  # (the raw scores, as read before processing)
         read = pipe._read_top(self.row, 0, self.base, self.new, found=found)
         if read is None:
             return None
@@ -996,11 +1016,18 @@ class LazyRow:
         return scores, top, inv_t, lo, hi, kept, bound
 
     def _nucleus(self, scores: dict, top: float, inv_t: float, z_lo: float, z_hi: float, bound: float):
-        """Top-p over the tokens read: the kept ones and bounds of their weights' sum, when the bounds settle
-        the cut among them (the mass before a token, in the top-p order, decidedly below top_p, or the mass
-        through it decidedly at or above); None otherwise. The probability of a kept token is then its weight
-        over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only
-        tokens scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it)."""
+        """Top-p over the tokens read: (the kept ones, bounds of the kept weights' sum, True) when the bounds
+        settle the cut among them (the mass before a token, in the top-p order, decidedly below top_p, or the
+        mass through it decidedly at or above). The probability of a kept token is then its weight over that
+        sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only tokens
+        scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it).
+
+        Where the nucleus decidedly reaches past every token read above ``bound``: (those tokens, bounds of
+        the kept sum, False). They are all kept, and so is at least one token scoring at most ``bound``; the
+        last one kept is such a token, so the kept sum S, the first running sum to reach top_p times the total,
+        lies in [top_p * total, top_p * total + the weight at ``bound``]. A token's p is then its weight over S
+        if it is kept and 0 if not: between 0 and its weight over the lower bound of S for tokens outside the
+        set (whether they are kept is not known). None where the cut is not settled."""
         values = list(scores.values())
         if not self.pipe.processes and _descending(values):
             # the raw entries in the strictly descending order read: already the top-p order
@@ -1024,8 +1051,11 @@ class LazyRow:
             after = max(w_bounds(values[j + 1], top, inv_t)[1] if j + 1 < n else 0.0, rest)
             if not after < w_lo:
                 return None  # the order at the cut is not settled (weights within each other's bounds)
-            return set(toks[:j + 1]), c_lo * (1 - 1e-12), c_hi * (1 + 1e-12)
-        return None  # the nucleus reaches past the tokens read
+            return set(toks[:j + 1]), c_lo * (1 - 1e-12), c_hi * (1 + 1e-12), True
+        if not n:
+            return None
+        # (the host sums up to a vocabulary of terms in float64 for the cut and for S: 1e-9 covers their rounding)
+        return set(toks[:n]), top_p * z_lo * (1 - 1e-9), (top_p * z_hi + rest) * (1 + 1e-9), False
 
     @staticmethod
     def _shift(m: float, top: float, inv_t: float) -> float:
@@ -1077,8 +1107,9 @@ class LazyRow:
         if read is None:
             return None
         scores, top, inv_t, z_lo, z_hi, kept, _ = read
-        if kept is not None:  # a nucleus: p = weight / the kept weights' sum, 0 outside it
-            kept, z_lo, z_hi = kept
+        whole = True
+        if kept is not None:  # a nucleus: p = weight / the kept weights' sum, 0 outside it (or, outside one that
+            kept, z_lo, z_hi, whole = kept  # reaches past the tokens read, 0 or that: LazyRow._nucleus)
         vocab = self.pipe.vocab_size
         miss = [t for t in tokens if t not in scores and 0 <= t < vocab]
         if miss:  # tokens below the largest entries: their raw scores from the row, processed here
@@ -1093,11 +1124,11 @@ class LazyRow:
         out = []
         for t in tokens:
             s = scores.get(t)
-            if s is None or s == -math.inf or (kept is not None and t not in kept):
+            if s is None or s == -math.inf or (kept is not None and whole and t not in kept):
                 out.append((0.0, 0.0))  # outside the vocabulary or the nucleus, or banned: exactly 0 there too
                 continue
             w_lo, w_hi = self._w_bounds(s, top, inv_t)
-            out.append((w_lo / z_hi, w_hi / z_lo))
+            out.append((w_lo / z_hi if kept is None or t in kept else 0.0, w_hi / z_lo))
         return out
 
     def _w_bounds(self, score: float, top: float, inv_t: float) -> tuple[float, float]:

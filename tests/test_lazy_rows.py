@@ -255,6 +255,85 @@ def test_rows_whose_nucleus_reaches_past_the_entries_read_are_read_whole(norm_gr
             assert fresh.draw(u) == full.draw(u)
 
 
+class ClosedNucleus(LazyRow):
+    """Wrong on purpose: takes a nucleus that reaches past the entries read for one held by them (p = 0 for every
+    token outside them)."""
+
+    def _nucleus(self, *args):
+        got = super()._nucleus(*args)
+        return got if got is None or got[3] else (*got[:3], True)
+
+
+class NoLastWeight(LazyRow):
+    """Wrong on purpose: bounds the kept sum of a nucleus that reaches past the entries read by top_p times the
+    total alone (the last kept token's weight, which takes the sum past it, left out)."""
+
+    def _nucleus(self, scores, top, inv_t, z_lo, z_hi, bound):
+        got = super()._nucleus(scores, top, inv_t, z_lo, z_hi, bound)
+        return got if got is None or got[3] else (got[0], got[1], self.pipe.config.top_p * z_hi, False)
+
+
+def _band_row(width: int, band: int, seed: int) -> np.ndarray:
+    """One heavy token and ``band`` tokens at about a fifth of its weight, the rest far below: a top-p nucleus of
+    more than LAZY_TOP tokens whose normalizer is not wide (top_p times it below LAZY_TOP)."""
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(width) * 0.5 - 12.0).astype(np.float32)
+    ids = rng.permutation(width)
+    row[ids[0]] = 0.0
+    row[ids[1:band + 1]] = (rng.standard_normal(band) * 0.2 - 1.6).astype(np.float32)
+    return row
+
+
+def _open_mismatches(norm_graph, cls, temperature: float, top_p: float, rows: int = 3):
+    """Verdicts of ``cls`` rows on band rows that differ from the whole row's, and how many of the checks at a
+    random uniform number it settled, of how many. Checks: the entries read, tokens of the band not read (kept,
+    as the whole row tells), tokens far below (not kept); q around p; u at random and at each edge. (Settled
+    counts the entries read: a kept token not read gets p between 0 and its weight over the kept sum.)"""
+    vocab = 4096
+    cfg = SamplingConfig(do_sample=True, top_k=0, top_p=top_p, temperature=temperature)
+    bad = settled = total = 0
+    for r in range(rows):
+        row = _band_row(vocab, 200, seed=r)
+        pipe = LogitsPipeline(cfg, vocab)
+        graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / temperature, 32)
+        full = pipe.row(row.copy(), [], [])
+        assert full.sparse and full.ids.size > LAZY_TOP and not wide_nucleus(graph_row, pipe)
+        fresh = pipe.verify_row(graph_row, [], [])
+        assert isinstance(fresh, LazyRow) and fresh._bounds()[5][3] is False  # past the entries read
+        order = np.argsort(-row).tolist()
+        kept = full.ids.tolist()
+        tokens = order[:6] + [t for t in order[LAZY_TOP:] if t in set(kept)][:6] + order[-3:]
+        rng = np.random.default_rng(r)
+        for t in tokens:
+            p = full.prob(t)
+            for q in (min(max(p, 1e-4) * f, 1.0) for f in (0.5, 0.97, 1.03, 2.0)):
+                a = acceptance_probability(p, q)
+                checks = [(float(rng.random()), False)]
+                checks += [(x, True) for e in (1e-3, 1e-6, 1e-9) for x in (a * (1 - e), min(a * (1 + e), 1 - 1e-16))]
+                for u, edge in checks:
+                    before = pipe.lazy_settled
+                    if cls(pipe, graph_row, [], []).accepts(t, q, u) != full.accepts(t, q, u):
+                        bad += 1
+                    if not edge and t in order[:LAZY_TOP]:
+                        settled += pipe.lazy_settled - before
+                        total += 1
+    return bad, settled, total
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 0.9), (0.7, 0.8)])
+def test_a_nucleus_past_the_entries_read_settles_verdicts(norm_graph, temperature, top_p):
+    """A top-p nucleus that holds more tokens than those read, on a row whose normalizer is not wide: every
+    entry read is kept and the kept sum lies between top_p times the total and that plus the weight at the
+    bound, so verdicts are settled from the bounds (p between 0 and its weight over that sum for tokens not
+    read). The whole row's verdict every time; most at random settled; and two wrong rules (tokens not read
+    taken as outside the nucleus; the kept sum without the last kept weight) are caught by the same checks."""
+    bad, settled, total = _open_mismatches(norm_graph, LazyRow, temperature, top_p)
+    assert bad == 0
+    assert settled >= 0.9 * total, (settled, total)
+    assert _open_mismatches(norm_graph, ClosedNucleus, temperature, top_p)[0] > 0
+    assert _open_mismatches(norm_graph, NoLastWeight, temperature, top_p)[0] > 0
+
+
 def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):
     """A pass that computed no normalizer (scale 0, or a bundle without one) gives the whole row's verdicts."""
     vocab = 2000

@@ -139,7 +139,8 @@ def test_scratch_arrays_are_handed_out_again_once_released():
 
 def test_seen_tokens_follow_growing_changing_and_empty_contexts():
     """The repetition penalty's token set, kept across rows of a request: exactly the distinct in-vocabulary ids
-    of base + new whether the context grows, is replaced by another, shrinks to nothing or repeats ids."""
+    of base + new whether the context grows, is replaced by another, shrinks to nothing or repeats ids; also where
+    some rows read only the set (rows read from their largest entries: the id array catches up when asked for)."""
     pipe = LogitsPipeline(SamplingConfig(do_sample=True, repetition_penalty=1.2), 50)
     rng = np.random.default_rng(5)
     base: list[int] = []
@@ -151,6 +152,10 @@ def test_seen_tokens_follow_growing_changing_and_empty_contexts():
         else:
             base = base + [int(t) for t in rng.integers(0, 60, int(rng.integers(1, 4)))]
         new = [int(t) for t in rng.integers(0, 60, int(rng.integers(0, 4)))]
+        if step % 3 == 1:  # (the reset at step 25 among them)
+            pipe._update_seen(base)
+            assert pipe._seen == {t for t in base if t < 50}, step
+            continue
         got = pipe._seen_tokens(base, new)
         assert got.size == len(set(got.tolist()))  # no id twice
         assert set(got.tolist()) == {t for t in base + new if t < 50}, step

@@ -14,7 +14,8 @@ import pytest
 
 from ortspec import exactness, verify
 from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
-from ortspec.logits import DRAFT_TAIL, LOG2_E, Dist, LogitsPipeline, draft_pipeline, sample_weights, top_candidates
+from ortspec.logits import (DRAFT_TAIL, GROUP, LOG2_E, Dist, LogitsPipeline, _reaching, draft_pipeline, sample_weights,
+                            top_candidates)
 from stats_util import ALPHA, chi_square_p
 
 
@@ -129,6 +130,34 @@ def test_large_nucleus_cuts_ties_by_id(top_p):
     kept = np.flatnonzero(uniform)
     assert kept[0] == 0 and kept.size == kept[-1] + 1  # a prefix of the ids
     assert abs(kept.size - np.ceil(top_p * vocab)) <= 1
+
+
+def test_the_two_level_search_finds_the_bucket_a_running_sum_reaches():
+    """``_reaching`` (group sums, then the running sums inside one group) gives the index and the sum before it
+    that one running sum over all the buckets gives: random masses with empty stretches, a single nonzero
+    bucket, targets of 0, inside the total, at the end of a group, and past the total (the last index)."""
+    rng = np.random.default_rng(8)
+    for trial in range(600):
+        n = int(rng.integers(1, 20_000))
+        mass = rng.random(n) * (rng.random(n) < rng.random())
+        if trial % 10 == 0:
+            mass[:] = 0.0
+            mass[rng.integers(0, n)] = 1.0
+        total = mass.sum()
+        upto = np.cumsum(mass)
+        edge = float(upto[min(n, GROUP) - 1]) * 0.999999
+        for target in (0.0, total * rng.random(), total * 0.9, edge, total * 1.1):
+            j = min(int(np.searchsorted(upto, target, side="left")), n - 1)
+            got, before = _reaching(mass, target)
+            assert got == j, (trial, n, target)
+            assert abs(before - (float(upto[j - 1]) if j else 0.0)) <= 1e-12 * max(total, 1.0)
+    # a group whose sum (pairwise) reaches the target while its running sums (one by one) never do: 1 + 2**-53
+    # rounds back to 1 at each step; the answer is then the one running sum's (here: none reaches it)
+    mass = np.zeros(2 * GROUP)
+    mass[0], mass[1:GROUP] = 1.0, 2.0 ** -53
+    target = 1.0 + 1e-14
+    assert mass[:GROUP].reshape(1, -1).sum(axis=1)[0] >= target > np.cumsum(mass)[-1]
+    assert _reaching(mass, target) == (2 * GROUP - 1, 1.0)
 
 
 @pytest.mark.parametrize("k", [1, 5, 20, 64, 500, 5000])

@@ -334,6 +334,35 @@ def test_a_nucleus_past_the_entries_read_settles_verdicts(norm_graph, temperatur
     assert _open_mismatches(norm_graph, NoLastWeight, temperature, top_p)[0] > 0
 
 
+def test_first_token_follows_p_where_the_nucleus_reaches_past_the_entries_read(norm_graph):
+    """40k seeded rounds of one draft on a band row (a top-p nucleus of 174 tokens, 64 read): the committed token
+    follows p (chi-square over the nucleus), with most verdicts settled from the bounds; the same test catches a
+    verifier that takes the tokens not read for outside the nucleus."""
+    vocab = 4096
+    cfg = SamplingConfig(do_sample=True, top_k=0, top_p=0.9, temperature=1.0)
+    pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
+    row = _band_row(vocab, 200, seed=7)
+    graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1.0, 32)
+    p = pipe.row(row.copy(), [])
+    q = draft_pipe.row(row + np.random.default_rng(3).standard_normal(vocab).astype(np.float32) * 0.3, [])
+    assert p.ids.size > LAZY_TOP and pipe.verify_row(graph_row, [], [])._bounds()[5][3] is False
+    exact = p.dense(vocab)
+    support = np.flatnonzero(exact)
+    bonus = Dist.one_hot(0)
+    for cls, passes in ((LazyRow, True), (ClosedNucleus, False)):
+        rng = np.random.default_rng(1)
+        counts = np.zeros(vocab, dtype=np.int64)
+        settled = pipe.lazy_settled
+        for _ in range(40_000):
+            d = q.sample(rng)
+            v = verify.verify_dists([d], [q], lambda i: cls(pipe, graph_row, [], []) if i == 0 else bonus, rng)
+            counts[d if v.accepted else v.next_token] += 1
+        assert counts[np.setdiff1d(np.arange(vocab), support)].sum() == 0 or not passes
+        assert (chi_square_p(counts[support], exact[support]) > ALPHA) == passes, cls.__name__
+        if cls is LazyRow:
+            assert pipe.lazy_settled - settled > 20_000  # the verdicts came from the bounds
+
+
 def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):
     """A pass that computed no normalizer (scale 0, or a bundle without one) gives the whole row's verdicts."""
     vocab = 2000

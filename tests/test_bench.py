@@ -161,9 +161,27 @@ def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle
     for r in rows:
         shares = [float(x) for x in r.replace("%", " ").split()[-3:-1]]
         assert all(0 < x < 100 for x in shares), r
-    for args, message in (([str(ids_bundle)], "has no draft model"), ([str(pair_bundle), "--limit", "0"], ">= 1")):
+    for args, message in (([str(ids_bundle)], "has no draft model"), ([str(pair_bundle), "--limit", "0"], ">= 1"),
+                          ([str(pair_bundle), "--repeat", "0"], ">= 1"),
+                          ([str(pair_bundle), "--only", "nothing"], "matches none of the settings"),
+                          ([str(pair_bundle), "--against", str(tool.parent)], "not a runtime package directory")):
         bad = subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle):
+    """--against loads another release's runtime package beside this one and runs both on every prompt: here this
+    release against itself, so every run gives the same tokens; --only picks settings by name."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "tools" / "host_share.py"), str(pair_bundle), "--limit", "1",
+                           "--max-new-tokens", "6", "--repeat", "2", "--only", "no top-k",
+                           "--against", str(root / "runtime")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.count("->") == 3]  # shares and ms: other -> this
+    assert [r.split("  ")[0].strip() for r in rows] == ["temperature 0.7, no top-k", "top-p 0.9, no top-k",
+                                                        "repetition penalty 1.1, no top-k"], proc.stdout
+    for r in rows:
+        assert r.split()[-1] == "4/4" and r.count("%") == 2, r  # 2 passes x (target-only, speculating)
 
 
 def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle):

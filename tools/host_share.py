@@ -8,10 +8,21 @@ For each setting, every dev prompt runs target-only (drafter "none") and with th
 two in alternating order; the share of wall time spent outside onnxruntime's runs (the logits pipeline,
 sampling, verification, the loop, the Python around each pass) is printed for each, with the host
 milliseconds per round.
+
+Comparing two releases: --against loads another release's runtime package (its ``runtime/`` directory, e.g.
+of a ``git worktree add /tmp/prev <commit>``) into the same process and runs the two alternately on every
+prompt (the order rotating), so both see the same machine state; each cell then reads "other -> this", and
+the last column says whether both gave the same tokens for the same seeds:
+
+    git worktree add /tmp/prev HEAD~3
+    python tools/host_share.py models/smollm2-135m --against /tmp/prev/runtime --repeat 2 --only "no top-k"
+
+(--only TEXT, repeatable: only the settings whose names contain one of them.)
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 import sys
 
@@ -27,6 +38,20 @@ SETTINGS = {
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
 
 
+def load_release(path: Path):
+    """Another release's runtime package (a directory holding its ``__init__.py``), imported as
+    ``ortspec_against`` beside this one (its modules import each other relatively)."""
+    init = path / "__init__.py"
+    if not (init.is_file() and (path / "generator.py").is_file()):
+        raise ValueError(f"{path} is not a runtime package directory (no __init__.py and generator.py there); "
+                         "pass a release's runtime/ directory, e.g. of a git worktree")
+    spec = importlib.util.spec_from_file_location("ortspec_against", init, submodule_search_locations=[str(path)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ortspec_against"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
@@ -34,10 +59,19 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=6, help="the first N prompts (default 6)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--num-draft-tokens", default="4", help="gamma or 'auto' (default 4)")
+    ap.add_argument("--repeat", type=int, default=1, help="passes over the prompts (default 1)")
+    ap.add_argument("--only", action="append", metavar="TEXT",
+                    help="run only the settings whose name contains TEXT (repeatable)")
+    ap.add_argument("--against", type=Path, metavar="DIR",
+                    help="another release's runtime/ directory: both run in this process, alternating")
     args = ap.parse_args()
-    if args.limit < 1 or args.max_new_tokens < 1:
-        ap.error("--limit and --max-new-tokens must be >= 1")
+    if args.limit < 1 or args.max_new_tokens < 1 or args.repeat < 1:
+        ap.error("--limit, --max-new-tokens and --repeat must be >= 1")
     gamma = args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens)
+    settings_run = {k: v for k, v in SETTINGS.items()
+                    if not args.only or any(part in k for part in args.only)}
+    if not settings_run:
+        ap.error(f"--only {' / '.join(args.only)} matches none of the settings: {'; '.join(SETTINGS)}")
 
     from ortspec import SpeculativeGenerator
     from ortspec.bench import load_prompts
@@ -48,29 +82,58 @@ def main() -> int:
             ap.error(f"{args.bundle} has no draft model")
     except OrtspecError as exc:
         ap.error(str(exc))
-    gen = SpeculativeGenerator.load(args.bundle, thread_pool="shared")
-    alone = gen.sibling("none")
+    releases = {"this": SpeculativeGenerator}
+    if args.against is not None:
+        try:
+            releases = {"other": load_release(args.against).SpeculativeGenerator, "this": SpeculativeGenerator}
+        except ValueError as exc:
+            ap.error(str(exc))
     prompts = [item["prompt"] for item in load_prompts(Path(args.prompts))][:args.limit]
+    runs = {}  # (release, "none" | "model") -> generator
+    for rel, cls in releases.items():
+        gen = cls.load(args.bundle, thread_pool="shared")
+        runs[rel, "model"], runs[rel, "none"] = gen, gen.sibling("none")
     chat = gen.codec is not None and bool(gen.codec.chat_template)
     encode = (lambda p: {"prompt": p, "chat": chat}) if gen.codec else (lambda p: {"input_ids": [1, 2, 3]})
-    gen.generate(**encode(prompts[0]), max_new_tokens=4, do_sample=True, seed=0)  # warm-up
-    print(f"{args.bundle}: time outside onnxruntime, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
-          f"speculating with gamma {gamma}")
-    print(f"{'setting':<48}{'target-only':>14}{'speculating':>14}{'host ms/round (spec.)':>23}")
-    for name, settings in SETTINGS.items():
-        spent = {"none": [0.0, 0.0, 0], "model": [0.0, 0.0, 0]}
-        for i, prompt in enumerate(prompts):
-            order = (("none", alone), ("model", gen)) if i % 2 == 0 else (("model", gen), ("none", alone))
-            for label, g in order:
-                s = g.generate(**encode(prompt), max_new_tokens=args.max_new_tokens, num_draft_tokens=gamma,
-                               seed=i, do_sample=True, **settings).stats
-                acc = spent[label]
-                acc[0] += s.overhead_time_s
-                acc[1] += s.total_time_s
-                acc[2] += s.rounds
+    for g in runs.values():
+        g.generate(**encode(prompts[0]), max_new_tokens=4, do_sample=True, seed=0)  # warm-up
+    print(f"{args.bundle}: time outside onnxruntime, {len(prompts)} prompts x {args.max_new_tokens} tokens"
+          f"{f' x {args.repeat} passes' if args.repeat > 1 else ''}, speculating with gamma {gamma}"
+          + (f"; {args.against} -> this release, alternating" if args.against is not None else ""))
+    if args.against is None:
+        print(f"{'setting':<48}{'target-only':>14}{'speculating':>14}{'host ms/round (spec.)':>23}")
+    else:
+        print(f"{'setting':<48}{'target-only':>17}{'speculating':>17}{'host ms/round (spec.)':>23}"
+              f"{'same tokens':>13}")
+    keys = list(runs)
+    for name, settings in settings_run.items():
+        spent = {key: [0.0, 0.0, 0] for key in keys}
+        same = compared = 0
+        for rep in range(args.repeat):
+            for i, prompt in enumerate(prompts):
+                turn = (i + rep) % len(keys)
+                tokens = {}
+                for key in keys[turn:] + keys[:turn]:  # every order in turn
+                    out = runs[key].generate(**encode(prompt), max_new_tokens=args.max_new_tokens,
+                                             num_draft_tokens=gamma, seed=i, do_sample=True, **settings)
+                    s, acc = out.stats, spent[key]
+                    acc[0] += s.overhead_time_s
+                    acc[1] += s.total_time_s
+                    acc[2] += s.rounds
+                    tokens[key] = out.token_ids
+                if len(releases) > 1:
+                    for kind in ("none", "model"):
+                        compared += 1
+                        same += tokens["other", kind] == tokens["this", kind]
         share = {k: 100 * v[0] / v[1] for k, v in spent.items()}
-        per_round = 1000 * spent["model"][0] / max(spent["model"][2], 1)
-        print(f"{name:<48}{share['none']:>13.2f}%{share['model']:>13.2f}%{per_round:>23.3f}", flush=True)
+        per_round = {k: 1000 * v[0] / max(v[2], 1) for k, v in spent.items()}
+        if args.against is None:
+            print(f"{name:<48}{share['this', 'none']:>13.2f}%{share['this', 'model']:>13.2f}%"
+                  f"{per_round['this', 'model']:>23.3f}", flush=True)
+            continue
+        cells = [f"{share['other', kind]:.2f} -> {share['this', kind]:.2f}%" for kind in ("none", "model")]
+        ms = f"{per_round['other', 'model']:.3f} -> {per_round['this', 'model']:.3f}"
+        print(f"{name:<48}{cells[0]:>17}{cells[1]:>17}{ms:>23}{f'{same}/{compared}':>13}", flush=True)
     return 0
 
 

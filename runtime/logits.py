@@ -681,6 +681,9 @@ class LogitsPipeline:
         return Dist(ids[order], w / w.sum())
 
 
+GROUP = 128  # buckets per group in _reaching
+
+
 def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
     """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (the last index when
     none does), and the sum before it. In two levels: sums of groups of GROUP, their running sums, then the
@@ -701,9 +704,6 @@ def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
     upto = np.cumsum(mass)
     j = min(int(np.searchsorted(upto, target, side="left")), n - 1)
     return j, float(upto[j - 1]) if j else 0.0
-
-
-GROUP = 128  # buckets per group in _reaching
 
 
 DRAFT_TAIL = 1e-3  # the lightest draft candidates, holding together at most this much of q, are not drafted from
@@ -736,9 +736,10 @@ def no_head(row, pipe: "LogitsPipeline") -> bool:
 def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
     """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
     graph's normalizer alone: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP
-    of the total, and where top_p of the total is more, the nucleus keeps tokens not read and LazyRow settles
-    nothing from them (it would bound all LAZY_TOP weights first). Only for rows no processor changes and as wide
-    as the vocabulary (the normalizer is then the host's total, within 1e-5)."""
+    of the total, and where top_p of the total is more, the nucleus keeps tokens not read. LazyRow could settle
+    only verdicts on such a row (LazyRow._nucleus), and flat rows like these rarely accept a draft: the residual
+    draw then reads the row whole anyway, so it is read whole at once. Only for rows no processor changes and as
+    wide as the vocabulary (the normalizer is then the host's total, within 1e-5)."""
     cfg = pipe.config
     if cfg.top_p >= 1.0 or pipe.processes or not hasattr(row, "norm"):
         return False
@@ -819,10 +820,12 @@ class LazyRow:
 
     def _draw_bounds(self):
         """The bounds a draw reads (``_bounds``), NEVER where a dense row's heavy weights reach past the entries
-        read (told before any bounds are made), None where the row gives none."""
+        read (told before any bounds are made) or its top-p nucleus does (a draw needs every kept token), None
+        where the row gives none."""
         if self._read is None and no_head(self.row, self.pipe):
             return self.NEVER
-        return self._bounds()
+        read = self._bounds()
+        return self.NEVER if read is not None and read[5] is not None and not read[5][3] else read
 
     def _lazy_draw(self, u: float) -> int | None:
         read = self._draw_bounds()
@@ -830,9 +833,7 @@ class LazyRow:
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is not None:  # a nucleus (ids ascending): inverse CDF over p = weight / the kept weights' sum
-            nucleus, s_lo, s_hi, whole = kept
-            if not whole:
-                return self.NEVER  # it reaches past the tokens read: drawn from the whole row
+            nucleus, s_lo, s_hi, _ = kept
             ids = sorted(nucleus)
             w = [self._w_bounds(scores[t], top, inv_t) for t in ids]
             lo, hi = [a / s_hi for a, _ in w], [b / s_lo for _, b in w]
@@ -873,8 +874,8 @@ class LazyRow:
         if not isinstance(read, tuple):
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
-        if kept is None and self._flat(top, inv_t, bound) or kept is not None and not kept[3]:
-            return self.NEVER  # a dense draw from a flat row, or a nucleus reaching past the tokens read
+        if kept is None and self._flat(top, inv_t, bound):
+            return self.NEVER  # a dense draw from a flat row (exact changes would not settle it either)
         if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
             nucleus, s_lo, s_hi, _ = kept
             q = dict(zip(draft.tokens, draft.plist))

@@ -58,14 +58,15 @@ class Dist:
     ``ids``/``probs`` of a small Dist are made on first use (for checks and the rare large-support paths).
     """
 
-    __slots__ = ("_ids", "_probs", "tokens", "plist", "weights", "total")
+    __slots__ = ("_ids", "_probs", "tokens", "plist", "weights", "total", "head")
 
     def __init__(self, ids: np.ndarray | None = None, probs: np.ndarray | None = None,
                  weights: np.ndarray | None = None, total: float = 1.0, *,
-                 tokens: list[int] | None = None, plist: list[float] | None = None):
+                 tokens: list[int] | None = None, plist: list[float] | None = None, head=None):
         self._ids, self._probs = ids, probs
         self.tokens, self.plist = tokens, plist
         self.weights, self.total = weights, total
+        self.head = head  # dense: the ids drawn first (``head_ids``), a list, or a function that makes it, or None
 
     @staticmethod
     def from_probs(probs: np.ndarray, small: bool | None = None) -> "Dist":
@@ -136,13 +137,23 @@ class Dist:
         return self.draw(rng.random())
 
     def draw(self, u: float) -> int:
-        """The draw for the uniform number ``u``: inverse CDF over ids ascending (sparse), or over the heavy
-        weights by id and then the rest in block order (dense: ``draw_weights``)."""
+        """The draw for the uniform number ``u``: inverse CDF over ids ascending (sparse), or over the head in its
+        order and then the rest in block order (dense: ``draw_weights``)."""
         if self.tokens is not None:
             return self.tokens[inverse_cdf_list(self.plist, u)]
         if self._ids is not None:
             return int(self._ids[_inverse_cdf(self._probs, u)])
-        return draw_weights(self.weights, self.total, u)
+        return draw_weights(self.weights, self.total, u, self.head_ids())
+
+    def head_ids(self) -> list[int] | None:
+        """A dense row's head, where its pipeline verifies with LazyRow: the ids whose raw logit is above the row's
+        LAZY_TOP-th largest, largest first (``array_head``, ``top_head``). A draw takes them first, in that
+        order: they are the entries a pass returns with its rows, so LazyRow knows them (and bounds on their
+        weights) without the rest of the row, and in a peaked row the first few hold nearly all of its mass.
+        None for other rows (``draw_weights`` then takes the heavy weights first)."""
+        if callable(self.head):
+            self.head = self.head()
+        return self.head
 
     def residual(self, draft: "Dist", u: float) -> int:
         """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (verify.residual_draw)."""
@@ -194,44 +205,95 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 
 
 RESIDUAL_EPS = 1e-12   # below this mass the residual max(0, p - q) is numerical noise: p == q
-HEAD_MIN = 2.0 ** -10  # dense weights at least this (the largest is 1) are drawn first, by id
+HEAD_MIN = 2.0 ** -10  # a dense row without a head given: weights at least this (the largest is 1) drawn first
 
 
-def draw_weights(weights: np.ndarray, total: float, u: float) -> int:
+def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | None = None) -> int:
     """Inverse-CDF draw from float32 ``weights`` (largest 1, sum ``total`` as ``_total`` gives it) for ``u``: first
-    over the weights >= HEAD_MIN in id order (float64 running sums), then, past them, over the rest in block
-    order (``sample_weights``); a row with more than LEAN_MAX such weights (a flat one) in block order
-    throughout. Where a row's weights are peaked, the head holds nearly all the mass, and LazyRow draws from it
-    without the rest of the row."""
-    heavy = weights >= HEAD_MIN
-    if np.count_nonzero(heavy) > LEAN_MAX:  # a flat row: all of it in block order (no head is read from a flat row)
-        return sample_weights(weights, u)
-    head = np.flatnonzero(heavy)
-    x, acc = u * total, 0.0
-    for i, w in zip(head.tolist(), weights[head].tolist()):
-        acc += w
-        if acc > x:
-            return i
-    if not total > acc:
-        return int(head[-1]) if head.size else sample_weights(weights, u)
+    over the ``head`` ids in the order given (float64 running sums), then, past them, over the rest in block
+    order (``sample_weights``). The head of a row verified under settings LazyRow serves (``Dist.head_ids``) is
+    the entries a pass returns with it, at most LAZY_TOP - 1: where they hold most of the row's mass, LazyRow
+    draws from them without the rest of the row. Without a head: the weights >= HEAD_MIN by id, and a row with
+    more than LEAN_MAX of them (a flat one) in block order throughout."""
+    if head is None:
+        heavy = weights >= HEAD_MIN
+        if np.count_nonzero(heavy) > LEAN_MAX:
+            return sample_weights(weights, u)
+        head = np.flatnonzero(heavy).tolist()
+    x, acc, last = u * total, 0.0, -1
+    if head:
+        for i, w in zip(head, weights[head].tolist()):
+            if w > 0.0:
+                acc += w
+                last = i
+                if acc > x:
+                    return i
+    if not total > acc:  # (rounding: the head holds the whole total)
+        return last if last >= 0 else sample_weights(weights, u)
     rest = weights.copy()
     rest[head] = 0
-    return sample_weights(rest, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
+    got = sample_weights(rest, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
+    return got if got >= 0 else last  # (no mass outside the head: the total's rounding again)
+
+
+def array_head(scores: np.ndarray, vocab: int) -> list[int]:
+    """The ids below ``vocab`` whose entry is above the LAZY_TOP-th largest of ``scores`` (of its whole width, as
+    a pass's TopK reads a row; every finite entry where the row holds no more than LAZY_TOP), largest entry
+    first, lowest id first on ties."""
+    if scores.size <= LAZY_TOP:
+        found = np.flatnonzero(scores[:vocab] > -np.inf)
+    else:
+        cand = top_candidates(scores, LAZY_TOP)
+        values = scores[cand]
+        kth = np.partition(values, values.size - LAZY_TOP)[values.size - LAZY_TOP]
+        found = cand[(values > kth) & (cand < vocab)]
+    return found[np.lexsort((found, -scores[found]))].tolist()
+
+
+def _restored_head(raw: np.ndarray, ids: np.ndarray, was: np.ndarray, vocab: int) -> list[int]:
+    """``array_head`` of a row whose entries ``ids`` were changed in place from ``was``."""
+    row = raw.copy()
+    row[ids] = was
+    return array_head(row, vocab)
+
+
+def top_head(row, vocab: int) -> list[int]:
+    """``array_head`` of a row that brings its largest entries (``top``: the graph's TopK, or the device's)."""
+    ids, values, _ = row.top(LAZY_TOP)
+    return _head_of(ids, values, row.width if hasattr(row, "width") else row.numpy().shape[0], vocab)
+
+
+def _head_of(ids, values, width: int, vocab: int) -> list[int]:
+    """``array_head`` from a row's largest entries (at least LAZY_TOP of them where the row has more, descending)."""
+    ids = ids.tolist() if isinstance(ids, np.ndarray) else ids
+    values = values.tolist() if isinstance(values, np.ndarray) else values
+    kth = values[LAZY_TOP - 1] if width > LAZY_TOP else -math.inf
+    n = 0
+    while n < len(values) and values[n] > kth:
+        n += 1
+    if _descending(values[:n]) and all(t < vocab for t in ids[:n]):  # (no ties: already largest first)
+        return ids[:n]
+    return [t for _, t in sorted((-v, t) for t, v in zip(ids[:n], values[:n]) if t < vocab)]
 
 
 def sample_weights(weights: np.ndarray, u: float) -> int:
-    """Inverse-CDF draw over float32 ``weights`` in block order: first a block by the block sums, then within it."""
+    """Inverse-CDF draw over float32 ``weights`` in block order: first a block by the block sums, then within it
+    (-1 where no weight is positive)."""
     width = weights.size
     cols = width // BLOCK_ROWS
     if cols < 2:
-        return _inverse_cdf(weights.astype(np.float64), u)
+        wide = weights.astype(np.float64)
+        return _inverse_cdf(wide, u) if wide.sum() > 0 else -1
     body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
     block = np.ones(BLOCK_ROWS, dtype=np.float32) @ body          # float32 sums of each block (BLAS)
     tail = weights[cols * BLOCK_ROWS:].astype(np.float64)
     cum = np.cumsum(block, dtype=np.float64)
-    x = u * (cum[-1] + tail.sum())
-    if x >= cum[-1] and tail.size and tail.sum() > 0:
-        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - cum[-1]) / tail.sum())
+    tail_sum = tail.sum()
+    if not cum[-1] + tail_sum > 0:
+        return -1
+    x = u * (cum[-1] + tail_sum)
+    if x >= cum[-1] and tail.size and tail_sum > 0:
+        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - cum[-1]) / tail_sum)
     j = min(int(np.searchsorted(cum, x, side="right")), cols - 1)
     while block[j] <= 0:  # rounding pushed x past the last block with mass
         j -= 1
@@ -448,7 +510,7 @@ class LogitsPipeline:
         top-p nucleus does (``wide_nucleus``: nothing is settled then); else ``row`` (in place: a row is verified
         once)."""
         if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self) and \
-                not ((last or self.config.repetition_penalty != 1.0) and no_head(logits, self)):
+                not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
 
@@ -525,17 +587,32 @@ class LogitsPipeline:
         """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
         (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
         cfg = self.config
+        head = None  # (dense rows LazyRow may verify: the ids a draw takes first, from the raw row: Dist.head_ids)
+        lazy = self._lazy_rows()
         if hasattr(logits, "top"):  # a DeviceRow
             if cfg.top_k and cfg.top_k < self.vocab_size:
                 found = self._device_top(logits, cfg.top_k, base, new)
                 if found is not None and math.isfinite(found[2]):
                     return self._sparse(found[0], found[1])
+            if lazy:
+                drow, vocab = logits, self.vocab_size
+                head = lambda: top_head(drow, vocab)  # noqa: E731 (read from its top entries when a draw needs it)
             # settings without top-k read the whole row (in place only where it is a host pass's own buffer)
             logits, inplace = logits.numpy(), inplace and getattr(logits, "on_host", False)
-        scores = np.asarray(logits)[: self.vocab_size]
+        raw = np.asarray(logits)
+        scores = raw[: self.vocab_size]
         if scores.dtype != np.float32:
             scores, inplace = scores.astype(np.float32), True
         ids, values = self._changes(scores, base, new)
+        if lazy and head is None:
+            # a host row: its head from the raw entries when a draw needs it (those the processors are about to
+            # change in place kept aside: a whole row is mostly read for a verdict, not drawn from)
+            vocab = self.vocab_size
+            if ids.size and inplace:
+                changed, was = ids, scores[ids]
+                head = lambda: _restored_head(raw, changed, was, vocab)  # noqa: E731
+            else:
+                head = lambda: array_head(raw, vocab)  # noqa: E731
         if ids.size:
             if not inplace:
                 copy = self.scratch.take(scores.size)
@@ -564,8 +641,11 @@ class LogitsPipeline:
             weights -= np.float32(2.0 ** EXP2_FLOOR)  # the clamped entries back to exactly 0
         total = _total(weights)
         if cfg.top_p < 1.0:
-            return self._nucleus(weights, total)
-        return Dist(weights=weights, total=total)
+            got = self._nucleus(weights, total)
+            if not got.sparse:
+                got.head = head
+            return got
+        return Dist(weights=weights, total=total, head=head)
 
     def probs(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """The distributions actually sampled from, as dense float64 rows [rows, vocab] (for checks)."""
@@ -718,19 +798,15 @@ def draft_pipeline(config: SamplingConfig, vocab_size: int, scratch: Scratch | N
     return LogitsPipeline(draft_sampling(config, policy), vocab_size, scratch, tail=DRAFT_TAIL)
 
 
-def no_head(row, pipe: "LogitsPipeline") -> bool:
-    """Whether a row's heavy weights (>= HEAD_MIN) may reach past its largest entries read (LAZY_TOP of them),
-    told from the raw largest entry and the bound: then no draw from it, as a dense row, is settled from them."""
+def thin_head(row, pipe: "LogitsPipeline") -> bool:
+    """Whether a dense row's head (the entries read but the last: each weighs at most the largest, 1) holds at
+    most half of its mass, told from the graph's normalizer: a draw from it then needs the whole row more often
+    than not. (A penalty lowers some weights, so the raw normalizer is a rough guide there: this only chooses
+    where the row is computed, never what is drawn.)"""
     if pipe.config.top_p < 1.0:
         return False
-    spread = row.spread() if hasattr(row, "spread") else None
-    if spread is None:
-        values = row.top(LAZY_TOP)[1]
-        width = row.width if hasattr(row, "width") else None
-        if not len(values) or (width is not None and len(values) >= width):
-            return False  # every entry is read
-        spread = float(values[0]), float(values[-1])
-    return (spread[0] - spread[1]) * LOG2_E / pipe.config.temperature <= -math.log2(HEAD_MIN)
+    norm = row.norm() if hasattr(row, "norm") else None
+    return norm is not None and norm[1] > 2 * (LAZY_TOP - 1)
 
 
 def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
@@ -784,7 +860,7 @@ class LazyRow:
     - the acceptance probability within a relative P_SLACK (its log and exp).
     """
 
-    __slots__ = ("pipe", "row", "base", "new", "_dist", "_read", "_coarse")
+    __slots__ = ("pipe", "row", "base", "new", "_dist", "_read", "_coarse", "_hd")
     W_SLACK, W_SLACK_Y, TINY, Z_SLACK, P_SLACK = 1e-5, 1e-6, 2.0 ** -99, 1e-5, 1e-9
     ULP = 2.0 ** -24
     MASS_WIDTH = 1e-3  # sum min(p, q) is taken from the bounds when they hold it this tightly (statistics only)
@@ -795,6 +871,7 @@ class LazyRow:
         self._read = None  # (processed scores of the tokens read, max score, 1/T, the total's lower and upper bound,
         #                   the nucleus, the bound on entries not read)
         self._coarse = False  # the processors' changes to entries not read are bounded, not summed
+        self._hd: list[int] = []  # the row's head (Dist.head_ids), from its largest entries
 
     def dist(self) -> Dist:
         """The row's distribution, as ``LogitsPipeline.row`` gives it (computed once)."""
@@ -819,10 +896,10 @@ class LazyRow:
         return self.dist().residual(draft, u) if got is None else got
 
     def _draw_bounds(self):
-        """The bounds a draw reads (``_bounds``), NEVER where a dense row's heavy weights reach past the entries
-        read (told before any bounds are made) or its top-p nucleus does (a draw needs every kept token), None
-        where the row gives none."""
-        if self._read is None and no_head(self.row, self.pipe):
+        """The bounds a draw reads (``_bounds``), NEVER where the row's top-p nucleus reaches past the entries
+        read (a draw needs every kept token) or its pipeline's rows have no head (a draw takes them in another
+        order: ``Dist.head_ids``), None where the row gives none."""
+        if not self.pipe._lazy_rows():
             return self.NEVER
         read = self._bounds()
         return self.NEVER if read is not None and read[5] is not None and not read[5][3] else read
@@ -839,34 +916,25 @@ class LazyRow:
             lo, hi = [a / s_hi for a, _ in w], [b / s_lo for _, b in w]
             i = _pick(lo, hi, u * math.fsum(lo), u * math.fsum(hi))
             return None if i is None else ids[i]
-        head = self._head({}, top, inv_t, bound, scores)
-        if head is None:
-            return self.NEVER
-        i = _pick([w[0] for _, w in head], [w[1] for _, w in head], u * z_lo, u * z_hi)
-        return None if i is None else head[i][0]
+        return self._pick_head({}, top, inv_t, scores, u * z_lo, u * z_hi)
 
-    def _flat(self, top: float, inv_t: float, bound: float) -> bool:
-        """Whether a token not read could weigh HEAD_MIN or more (then no dense draw is settled from the bounds)."""
-        return bound > -math.inf and self._w_bounds(bound, top, inv_t)[1] >= HEAD_MIN
-
-    def _head(self, changed: dict, top: float, inv_t: float, bound: float, scores: dict):
-        """The tokens ``draw_weights`` draws first (weight >= HEAD_MIN), ascending, with their weight bounds
-        (``changed``: bounds that replace some weights); None when the bounds do not settle which they are."""
-        if self._flat(top, inv_t, bound):
-            return None  # a token not read could be among them
-        head = []
-        ordered = not self.pipe.processes  # the scores are the raw entries, in the descending order read
-        for t, v in scores.items():
-            raw = self._w_bounds(v, top, inv_t) if v > -math.inf else (0.0, 0.0)
-            if ordered and raw[1] < HEAD_MIN:
-                break  # every later entry weighs at most this one (a residual weight at most its weight)
-            w = changed.get(t) or raw
-            if w[0] >= HEAD_MIN:
-                head.append((t, w))
-            elif w[1] >= HEAD_MIN:
-                return None
-        head.sort()
-        return head
+    def _pick_head(self, changed: dict, top: float, inv_t: float, scores: dict, x_lo: float, x_hi: float):
+        """``_pick`` over the head ``draw_weights`` draws first (``Dist.head_ids``, in its order), the weights
+        bounded as it goes (``changed``: bounds that replace some weights): the token, or None where the bounds
+        do not settle it or the draw reaches past the head (then it needs the whole row)."""
+        w_bounds = self._w_bounds
+        low = high = before = 0.0
+        x_hi, x_lo = x_hi * (1 + 1e-12), x_lo * (1 - 1e-12)
+        for t in self._hd:
+            w = changed.get(t)
+            if w is None:
+                s = scores[t]
+                w = w_bounds(s, top, inv_t) if s > -math.inf else (0.0, 0.0)
+            low, high = low + w[0], high + w[1]
+            if low * (1 - 1e-12) > x_hi:
+                return t if before * (1 + 1e-12) <= x_lo else None
+            before = high
+        return None
 
     def _lazy_residual(self, draft: Dist, u: float) -> int | None:
         """``verify.residual_draw`` for a small q, from the bounds (None where they do not settle it)."""
@@ -874,8 +942,6 @@ class LazyRow:
         if not isinstance(read, tuple):
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
-        if kept is None and self._flat(top, inv_t, bound):
-            return self.NEVER  # a dense draw from a flat row (exact changes would not settle it either)
         if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
             nucleus, s_lo, s_hi, _ = kept
             q = dict(zip(draft.tokens, draft.plist))
@@ -915,11 +981,7 @@ class LazyRow:
         total_hi = (z_hi / (1 - e) - w_s[0] + r_s[1]) * (1 + e)
         if not total_lo > 0:
             return None
-        head = self._head(changed, top, inv_t, bound, scores)
-        if head is None:
-            return None
-        i = _pick([w[0] for _, w in head], [w[1] for _, w in head], u * total_lo, u * total_hi)
-        return None if i is None else head[i][0]
+        return self._pick_head(changed, top, inv_t, scores, u * total_lo, u * total_hi)
 
     def accepts(self, token: int, q: float, u: float) -> bool:
         got = self._settle(lambda: self._lazy_accepts(token, q, u))
@@ -1009,6 +1071,7 @@ class LazyRow:
         # the graph's sum covers the raw row over its width: take out columns past the vocabulary and put the
         # processors' changes in (float64 on the host, exact to ~1e-15)
         width = self.row.width if hasattr(self.row, "width") else self.row.numpy().shape[0]
+        self._hd = _head_of(found[0], values, width, pipe.vocab_size)
         extra = changed = changed_raw = unread = 0.0
         if width > pipe.vocab_size:
             row = self.row.numpy()

@@ -131,7 +131,7 @@ def residual_draw(target: Dist, draft: Dist, u: float) -> int:
             return target.draw(u)
         weights = target.weights.copy()
         weights[draft.ids] = ((p_there - overlap) * target.total).astype(np.float32)
-        return draw_weights(weights, _total(weights), u)
+        return draw_weights(weights, _total(weights), u, target.head_ids())
     width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
     r = residual(target.dense(width), draft.dense(width))
     cdf = np.cumsum(r)

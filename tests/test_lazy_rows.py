@@ -14,8 +14,8 @@ import pytest
 
 from ortspec import verify
 from ortspec.config import SamplingConfig, draft_sampling
-from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, Dist, LazyRow, LogitsPipeline, acceptance_probability,
-                            draw_weights, sample_weights, wide_nucleus)
+from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, Dist, LazyRow, LogitsPipeline, acceptance_probability, array_head,
+                            draw_weights, sample_weights, thin_head, wide_nucleus)
 from ortspec.export.graph import add_top_outputs
 from stats_util import ALPHA, chi_square_p
 from test_fast_sampling import rows_of
@@ -82,6 +82,12 @@ CASES = {
 
 
 def _rows(kind: str, width: int, n: int, seed: int) -> np.ndarray:
+    if kind == "spread":  # ~120 tokens within ~2 nats of the largest above a low bulk: weights of 2**-10 of
+        rng = np.random.default_rng(seed)  # the largest and more reach past the 64 entries read at T 1.0
+        rows = rng.standard_normal((n, width)) - 9.0
+        for r in range(n):
+            rows[r, rng.choice(width, 120, replace=False)] = rng.standard_normal(120) * 0.7
+        return rows.astype(np.float32)
     return rows_of(kind, width, n, seed)
 
 
@@ -89,6 +95,14 @@ def _context(row: np.ndarray, vocab: int, seed: int) -> list[int]:
     """A context holding the row's largest entries (a penalty then changes the normalizer the most) and more."""
     top = np.argsort(-row[:vocab])[:6].tolist()
     return top + np.random.default_rng(seed).integers(0, vocab, 40).tolist() + [5]
+
+
+def _pipeline(cfg: SamplingConfig, vocab: int) -> LogitsPipeline:
+    """A target pipeline as at a vocabulary wide enough for LazyRow to take penalized rows (from
+    LAZY_PENALTY_VOCAB entries): its rows then carry the head a draw takes first, as LazyRow's do."""
+    pipe = LogitsPipeline(cfg, vocab)
+    pipe.LAZY_PENALTY_VOCAB = 0
+    return pipe
 
 
 def _checks(pipe: LogitsPipeline, row: np.ndarray, base: list[int], full: Dist, seed: int):
@@ -119,7 +133,7 @@ def _mismatches(norm_graph, cls, setting: dict, kind: str, width: int, vocab: in
     bad = settled = total = 0
     for r, row in enumerate(_rows(kind, width, rows, seed=len(kind) + width)):
         base = _context(row, vocab, r)
-        pipe = LogitsPipeline(cfg, vocab)
+        pipe = _pipeline(cfg, vocab)
         graph_row = GraphRow(sess, row, LAZY_TOP, 1 / cfg.temperature, 32 if width % 32 == 0 else 1)
         full = pipe.row(row.copy(), base, [7])
         small = cfg.top_p == 1.0 or (full.sparse and full.ids.size <= LAZY_TOP // 2)  # a nucleus among those read
@@ -209,8 +223,8 @@ def test_min_mass_leaves_q_s_light_tokens_unread(norm_graph, tail):
 
 
 def test_penalized_flat_rows_are_read_whole(norm_graph):
-    """A penalized row goes to LazyRow only where its heavy weights are among the entries read: a flat one is
-    computed whole at once (its verdicts are rarely settled from the bounds, its draws never)."""
+    """A penalized row goes to LazyRow only where its head (the entries read) may hold most of its mass: a flat
+    one is computed whole at once (its verdicts are rarely settled from the bounds, its draws seldom)."""
     vocab = LogitsPipeline.LAZY_PENALTY_VOCAB
     cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.8, repetition_penalty=1.2)
     pipe = LogitsPipeline(cfg, vocab)
@@ -219,6 +233,7 @@ def test_penalized_flat_rows_are_read_whole(norm_graph):
     for kind, lazy in (("peaked", True), ("flat", False)):
         row = _rows(kind, vocab, 1, seed=2)[0]
         graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / cfg.temperature, 32)
+        assert thin_head(graph_row, pipe) is not lazy
         assert isinstance(pipe.verify_row(graph_row, base, []), LazyRow) is lazy, kind
         assert isinstance(plain.verify_row(graph_row, base, []), LazyRow)  # (without a penalty its verdicts are)
         assert not isinstance(pipe.verify_row(graph_row, base, [], last=True), LazyRow) or lazy
@@ -429,7 +444,8 @@ def _edges(full: Dist) -> list[float]:
         cdf = np.cumsum(full.probs)
         points = (cdf / cdf[-1]).tolist()
     else:
-        head = np.flatnonzero(full.weights >= HEAD_MIN)
+        head = full.head_ids()
+        head = np.flatnonzero(full.weights >= HEAD_MIN) if head is None else head
         points = (np.cumsum(full.weights[head].astype(np.float64)) / full.total).tolist()
     out = []
     for x in points[:40]:
@@ -446,7 +462,7 @@ def _draw_mismatches(norm_graph, cls, setting: dict, kind: str, width: int, voca
     bad = settled = total = 0
     for r, row in enumerate(_rows(kind, width, rows, seed=3 * width + len(kind))):
         base = _context(row, vocab, r)
-        pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
+        pipe, draft_pipe = _pipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
         graph_row = GraphRow(sess, row, LAZY_TOP, 1 / cfg.temperature, 32 if width % 32 == 0 else 1)
         full = pipe.row(row.copy(), base, [7])
         rng = np.random.default_rng(r)
@@ -476,6 +492,28 @@ def test_lazy_draws_are_the_whole_rows(norm_graph, setting, kind, width, vocab):
     assert bad == 0
     if kind == "peaked" and width <= 20_000 and CASES[setting].get("temperature", 1.0) < 1.0:
         assert settled >= 0.8 * total, (settled, total)
+
+
+class HeadById(LazyRow):
+    """Wrong on purpose: walks the head by id, not largest entry first as the whole row's draw does."""
+
+    def _from_norm(self, *args, **kw):
+        got = super()._from_norm(*args, **kw)
+        if got:
+            self._hd = sorted(self._hd)
+        return got
+
+
+@pytest.mark.parametrize("setting", ["T 1.0", "T 0.7", "penalty 1.3", "penalty + bans"])
+def test_draws_from_rows_whose_heavy_weights_reach_past_the_entries_read(norm_graph, setting):
+    """Rows whose weights of 2**-10 of the largest and more reach past the 64 entries read: a draw or residual
+    draw that lands in the head (the entries read above the 64th, largest first) is settled from the bounds,
+    the whole row's token every time (uniform numbers at random and on every boundary), and most random draws
+    are settled; a head walked in another order (by id) is caught by the same checks."""
+    bad, settled, total = _draw_mismatches(norm_graph, LazyRow, CASES[setting], "spread", 4096, 4096)
+    assert bad == 0
+    assert settled >= 0.4 * total, (settled, total)
+    assert _draw_mismatches(norm_graph, HeadById, CASES[setting], "spread", 4096, 4096)[0] > 0
 
 
 class UnshiftedNorm(LazyRow):
@@ -539,3 +577,114 @@ def test_draws_from_a_flat_row_follow_the_definition():
                     expected = i
                     break
             assert got == expected if expected is not None else w[got] < HEAD_MIN
+
+
+def test_dense_draws_follow_the_weights_over_a_head_given_and_the_rest():
+    """draw_weights with a head (the entries above the LAZY_TOP-th largest, largest first; or any ids in any
+    order), then the rest in block order, draws each token with probability weight / total (chi-square, 200k
+    draws); a draw that never leaves the head is caught by the same test."""
+    rng = np.random.default_rng(0)
+    w = np.zeros(5000, dtype=np.float32)
+    heavy = rng.choice(5000, 90, replace=False)
+    w[heavy] = np.exp2(-rng.random(90) * 4).astype(np.float32)  # 90 heavy weights: the head holds 63 of them
+    w[np.arange(100, 5000, 7)] += 2e-3                            # a spread-out rest (~25% of the mass)
+    w /= w.max()
+    total = float(w.astype(np.float64).sum())
+    exact = w / total
+    support = np.flatnonzero(w)
+    head = array_head(w, w.size)
+    assert len(head) == LAZY_TOP - 1 and set(head) <= set(heavy.tolist())
+    assert 0.5 < w[head].sum() / total < 0.9
+    u = rng.random(200_000)
+    for given in (head, rng.choice(support, 40, replace=False).tolist()):
+        draws = np.bincount([draw_weights(w, total, x, given) for x in u], minlength=w.size)
+        assert set(np.flatnonzero(draws)) <= set(support.tolist())
+        assert chi_square_p(draws[support], exact[support]) > ALPHA
+    head_only = np.zeros_like(w)
+    head_only[head] = w[head]  # wrong: the rest never drawn
+    wrong = np.bincount([draw_weights(head_only, float(head_only.sum()), x, head) for x in u[:50_000]],
+                        minlength=w.size)
+    assert chi_square_p(wrong[support], exact[support]) < ALPHA
+
+
+def test_dense_draws_take_the_head_then_the_rest_in_block_order():
+    """The draw for each u is the one its definition gives: the running sum over the head in its order, then
+    sample_weights over the rest for the remainder; on a flat row, a peaked one, and rows whose head entries
+    are banned (weight 0) or carry the whole total."""
+    rng = np.random.default_rng(4)
+    flat = np.exp2(rng.standard_normal(20_000) * 0.3).astype(np.float32)
+    flat /= flat.max()
+    peaked = (flat * 2.0 ** -14).astype(np.float32)
+    peaked[[5, 900, 7000, 19_999]] = [1.0, 0.5, 2.0 ** -9, 0.25]
+    banned = peaked.copy()
+    banned[[5, 900]] = 0.0
+    only_head = np.zeros(20_000, dtype=np.float32)
+    only_head[[17, 400, 12_000]] = [1.0, 0.5, 0.25]
+    for w in (flat, peaked, banned, only_head):
+        total = float(w.astype(np.float64).sum())
+        head = array_head(w, w.size)
+        assert len(head) <= LAZY_TOP - 1
+        for u in rng.random(200).tolist() + [0.0, 0.5, 0.999, 1 - 1e-16]:
+            got = draw_weights(w, total, u, head)
+            assert w[got] > 0
+            x, acc, expected = u * total, 0.0, None
+            for i in head:
+                acc += float(w[i])
+                if acc > x:
+                    expected = i
+                    break
+            if expected is None and total > acc:
+                rest = w.copy()
+                rest[head] = 0
+                expected = sample_weights(rest, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
+            if expected is None or expected < 0:  # rounding past the head's whole total: its last weight
+                expected = max(i for i in head if w[i] > 0)
+            assert got == expected, (u, got, expected)
+
+
+def test_the_head_is_the_entries_above_the_lazy_top_th_largest():
+    """array_head from a row on the host and the head LazyRow takes from the graph's TopK are the same ids in the
+    same order (largest entry first, lowest id first on ties), ties at the LAZY_TOP-th largest left out, columns
+    past the vocabulary left out, whatever order the TopK gives tied entries in; a row of at most LAZY_TOP
+    entries is all head."""
+    from ortspec.logits import top_head
+    rng = np.random.default_rng(9)
+    for row in (np.round(rng.standard_normal(3000) * 4).astype(np.float32),  # many ties
+                rng.standard_normal(3000).astype(np.float32)):          # none
+        kth = np.sort(row)[-LAZY_TOP]
+        expected = sorted(np.flatnonzero(row > kth).tolist(), key=lambda t: (-row[t], t))
+        assert array_head(row, 3000) == expected and len(expected) <= LAZY_TOP - 1
+        assert array_head(row, 1500) == [t for t in expected if t < 1500]
+        for tie_order in (1, -1):  # ties among the entries returned by id ascending, then descending
+
+            class Top:
+                width = 3000
+
+                def top(self, k):
+                    order = np.lexsort((tie_order * np.arange(3000), -row))[:k]
+                    return order, row[order], row[order[-1]]
+            assert top_head(Top(), 3000) == expected and top_head(Top(), 1500) == [t for t in expected if t < 1500]
+    small = rng.standard_normal(LAZY_TOP).astype(np.float32)
+    small[3] = -np.inf
+    assert array_head(small, LAZY_TOP) == sorted((t for t in range(LAZY_TOP) if t != 3), key=lambda t: -small[t])
+
+
+def test_rows_of_pipelines_without_lazy_rows_are_drawn_from_whole(norm_graph):
+    """A penalized pipeline below LAZY_PENALTY_VOCAB entries verifies with whole rows, whose draws take the heavy
+    weights first (no head): a LazyRow made for one anyway settles no draw from its bounds, and draws as the
+    whole row does."""
+    vocab = 4096
+    cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.8, repetition_penalty=1.3)
+    pipe = LogitsPipeline(cfg, vocab)
+    assert not pipe._lazy_rows()
+    row = _rows("spread", vocab, 1, seed=3)[0]
+    base = _context(row, vocab, 0)
+    full = pipe.row(row.copy(), base, [7])
+    assert full.head_ids() is None
+    graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / cfg.temperature, 32)
+    draft = Dist(tokens=[3, 9, 17], plist=[0.5, 0.3, 0.2])
+    for u in np.random.default_rng(0).random(30).tolist():
+        settled = pipe.lazy_settled
+        assert LazyRow(pipe, graph_row, base, [7]).draw(u) == full.draw(u)
+        assert LazyRow(pipe, graph_row, base, [7]).residual(draft, u) == full.residual(draft, u)
+        assert pipe.lazy_settled == settled

@@ -137,20 +137,24 @@ class Dist:
         return self.draw(rng.random())
 
     def draw(self, u: float) -> int:
-        """The draw for the uniform number ``u``: inverse CDF over ids ascending (sparse), or over the head in its
-        order and then the rest in block order (dense: ``draw_weights``)."""
+        """The draw for the uniform number ``u``: inverse CDF over the head (``head_ids``) in its order, then the rest
+        of the support: by id (sparse), or in block order (dense: ``draw_weights``); without a head, over ids
+        ascending (sparse) or the heavy weights first (dense)."""
+        head = self.head_ids()
         if self.tokens is not None:
-            return self.tokens[inverse_cdf_list(self.plist, u)]
+            tokens, plist = (self.tokens, self.plist) if head is None else head_first_lists(self.tokens, self.plist, head)
+            return tokens[inverse_cdf_list(plist, u)]
         if self._ids is not None:
-            return int(self._ids[_inverse_cdf(self._probs, u)])
-        return draw_weights(self.weights, self.total, u, self.head_ids())
+            ids, probs = (self._ids, self._probs) if head is None else head_first(self._ids, self._probs, head)
+            return int(ids[_inverse_cdf(probs, u)])
+        return draw_weights(self.weights, self.total, u, head)
 
     def head_ids(self) -> list[int] | None:
-        """A dense row's head, where its pipeline verifies with LazyRow: the ids whose raw logit is above the row's
-        LAZY_TOP-th largest, largest first (``array_head``, ``top_head``). A draw takes them first, in that
-        order: they are the entries a pass returns with its rows, so LazyRow knows them (and bounds on their
-        weights) without the rest of the row, and in a peaked row the first few hold nearly all of its mass.
-        None for other rows (``draw_weights`` then takes the heavy weights first)."""
+        """A row's head, where its pipeline verifies with LazyRow (no top-k): the ids whose raw logit is above the
+        row's LAZY_TOP-th largest, largest first (``array_head``, ``top_head``). A draw and a residual draw take
+        them first, in that order: they are the entries a pass returns with its rows, so LazyRow knows them
+        (and bounds on their weights, or on their probabilities in a top-p nucleus) without the rest of the
+        row, and in a peaked row the first few hold nearly all of its mass. None for other rows."""
         if callable(self.head):
             self.head = self.head()
         return self.head
@@ -197,6 +201,32 @@ def min_mass_lists(tokens: list[int], plist: list[float], other_tokens: list[int
     """sum_x min(p(x), q(x)) of two small distributions (each normalized to 1)."""
     there = dict(zip(tokens, plist))
     return math.fsum(min(q, there[t]) for t, q in zip(other_tokens, other_plist) if t in there)
+
+
+def head_first(ids: np.ndarray, probs: np.ndarray, head: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse distribution (``ids`` ascending) in draw order: the ``head`` ids it holds, in the head's order,
+    then the others ascending."""
+    if not head:
+        return ids, probs
+    h = np.asarray(head, dtype=ids.dtype)
+    pos = np.minimum(np.searchsorted(ids, h), ids.size - 1)
+    first = pos[ids[pos] == h]
+    if first.size == ids.size:
+        return ids[first], probs[first]
+    rest = np.ones(ids.size, dtype=bool)
+    rest[first] = False
+    order = np.concatenate([first, np.flatnonzero(rest)])
+    return ids[order], probs[order]
+
+
+def head_first_lists(tokens: list[int], plist: list[float], head: list[int]) -> tuple[list[int], list[float]]:
+    """``head_first`` of a small distribution (lists)."""
+    there = dict(zip(tokens, plist))
+    first = [t for t in head if t in there]
+    if len(first) < len(tokens):
+        taken = set(first)
+        first += [t for t in tokens if t not in taken]
+    return first, [there[t] for t in first]
 
 
 def _inverse_cdf(weights: np.ndarray, u: float) -> int:
@@ -642,8 +672,7 @@ class LogitsPipeline:
         total = _total(weights)
         if cfg.top_p < 1.0:
             got = self._nucleus(weights, total)
-            if not got.sparse:
-                got.head = head
+            got.head = head
             return got
         return Dist(weights=weights, total=total, head=head)
 
@@ -896,27 +925,41 @@ class LazyRow:
         return self.dist().residual(draft, u) if got is None else got
 
     def _draw_bounds(self):
-        """The bounds a draw reads (``_bounds``), NEVER where the row's top-p nucleus reaches past the entries
-        read (a draw needs every kept token) or its pipeline's rows have no head (a draw takes them in another
-        order: ``Dist.head_ids``), None where the row gives none."""
+        """The bounds a draw reads (``_bounds``), NEVER where its pipeline's rows have no head (a draw takes them in
+        another order: ``Dist.head_ids``), None where the row gives none."""
         if not self.pipe._lazy_rows():
             return self.NEVER
-        read = self._bounds()
-        return self.NEVER if read is not None and read[5] is not None and not read[5][3] else read
+        return self._bounds()
 
     def _lazy_draw(self, u: float) -> int | None:
         read = self._draw_bounds()
         if not isinstance(read, tuple):
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
-        if kept is not None:  # a nucleus (ids ascending): inverse CDF over p = weight / the kept weights' sum
-            nucleus, s_lo, s_hi, _ = kept
-            ids = sorted(nucleus)
-            w = [self._w_bounds(scores[t], top, inv_t) for t in ids]
-            lo, hi = [a / s_hi for a, _ in w], [b / s_lo for _, b in w]
-            i = _pick(lo, hi, u * math.fsum(lo), u * math.fsum(hi))
+        if kept is not None:  # a nucleus: inverse CDF over p = weight / the kept weights' sum (summing to 1), the
+            # head first (every kept token among the entries read is in it): settled there, or None
+            ids, lo, hi = self._head_p(kept, scores, top, inv_t)
+            i = _pick(lo, hi, u * (1 - 1e-9), u * (1 + 1e-9))
             return None if i is None else ids[i]
         return self._pick_head({}, top, inv_t, scores, u * z_lo, u * z_hi)
+
+    def _head_p(self, kept, scores: dict, top: float, inv_t: float) -> tuple[list, list, list]:
+        """The head's ids and bounds of their p in a nucleus, as ``_p_bounds`` gives them: 0 outside one settled
+        among the entries read; between 0 and the upper bound outside the tokens one that reaches past them is
+        known to keep (a penalized token the head holds may score below the bound)."""
+        nucleus, s_lo, s_hi, whole = kept
+        ids, lo, hi = self._hd, [], []
+        for t in ids:
+            s = scores[t]
+            inside = t in nucleus
+            if (whole and not inside) or s == -math.inf:
+                lo.append(0.0)
+                hi.append(0.0)
+                continue
+            a, b = self._w_bounds(s, top, inv_t)
+            lo.append(a / s_hi if inside else 0.0)
+            hi.append(b / s_lo)
+        return ids, lo, hi
 
     def _pick_head(self, changed: dict, top: float, inv_t: float, scores: dict, x_lo: float, x_hi: float):
         """``_pick`` over the head ``draw_weights`` draws first (``Dist.head_ids``, in its order), the weights
@@ -942,20 +985,21 @@ class LazyRow:
         if not isinstance(read, tuple):
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
-        if kept is not None:  # sparse p: r = max(p - q, 0) over the union of the supports, ids ascending
-            nucleus, s_lo, s_hi, _ = kept
-            q = dict(zip(draft.tokens, draft.plist))
-            ids = sorted(nucleus | set(q))
-            lo, hi = [], []
-            for t in ids:
-                w = self._w_bounds(scores[t], top, inv_t) if t in nucleus else (0.0, 0.0)
-                lo.append(max(w[0] / s_hi - q.get(t, 0.0), 0.0))
-                hi.append(max(w[1] / s_lo - q.get(t, 0.0), 0.0))
-            r_lo, r_hi = math.fsum(lo) * (1 - 1e-12), math.fsum(hi) * (1 + 1e-12)
+        if kept is not None:  # a nucleus: r = max(p - q, 0), the head first; its sum R = 1 - sum_x min(p, q)
+            p = self._p_bounds(draft.tokens)  # (the kept sum of a large nucleus in float32 blocks: 1e-5 of room)
+            if p is None:
+                return None
+            m_lo = math.fsum(min(a, q) for (a, _), q in zip(p, draft.plist))
+            m_hi = math.fsum(min(b, q) for (_, b), q in zip(p, draft.plist))
+            r_lo, r_hi = (1.0 - m_hi) * (1 - 1e-5) - 1e-12, (1.0 - m_lo) * (1 + 1e-5) + 1e-12
             if r_hi <= RESIDUAL_EPS:
                 return self._lazy_draw(u)
             if not r_lo > RESIDUAL_EPS:
                 return None
+            q = dict(zip(draft.tokens, draft.plist))
+            ids, lo, hi = self._head_p(kept, scores, top, inv_t)
+            lo = [max(a - q.get(t, 0.0), 0.0) * (1 - 1e-6) for t, a in zip(ids, lo)]
+            hi = [max(b - q.get(t, 0.0), 0.0) * (1 + 1e-6) + 1e-15 * b for t, b in zip(ids, hi)]
             i = _pick(lo, hi, u * r_lo, u * r_hi)
             return None if i is None else ids[i]
         # dense p: q's tokens get weights (p - min(p, q')) * total (q' = q normalized), float32

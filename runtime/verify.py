@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .logits import (RESIDUAL_EPS, Dist, _total, acceptance_probability, draw_weights,  # noqa: F401 (re-exported)
-                     inverse_cdf_list)
+                     head_first, head_first_lists, inverse_cdf_list)
 
 
 class Uniforms:
@@ -109,6 +109,7 @@ def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:
 
 def residual_draw(target: Dist, draft: Dist, u: float) -> int:
     """``residual_sample`` for the uniform number ``u``."""
+    head = target.head_ids()  # (ids drawn first, where the target's rows have a head: over the union too)
     if target.small and draft.small:  # plain Python over the union of two small supports
         there = dict(zip(draft.tokens, draft.plist))
         mass = dict(zip(target.tokens, target.plist))
@@ -116,12 +117,16 @@ def residual_draw(target: Dist, draft: Dist, u: float) -> int:
         r = [max(mass.get(t, 0.0) - there.get(t, 0.0), 0.0) for t in ids]
         if math.fsum(r) <= RESIDUAL_EPS:
             return target.draw(u)
+        if head is not None:
+            ids, r = head_first_lists(ids, r, head)
         return ids[inverse_cdf_list(r, u)]
     if target.sparse and draft.sparse:
         ids = np.union1d(target.ids, draft.ids)
         r = np.maximum(target.probs_of(ids) - draft.probs_of(ids), 0.0)
         if r.sum() <= RESIDUAL_EPS:
             return target.draw(u)
+        if head is not None:
+            ids, r = head_first(ids, r, head)
         cdf = np.cumsum(r)
         return int(ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), ids.size - 1)])
     if not target.sparse and draft.sparse:  # the usual dense case: q lives on a few ids, p everywhere
@@ -131,7 +136,7 @@ def residual_draw(target: Dist, draft: Dist, u: float) -> int:
             return target.draw(u)
         weights = target.weights.copy()
         weights[draft.ids] = ((p_there - overlap) * target.total).astype(np.float32)
-        return draw_weights(weights, _total(weights), u, target.head_ids())
+        return draw_weights(weights, _total(weights), u, head)
     width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
     r = residual(target.dense(width), draft.dense(width))
     cdf = np.cumsum(r)

@@ -349,6 +349,85 @@ def test_a_nucleus_past_the_entries_read_settles_verdicts(norm_graph, temperatur
     assert _open_mismatches(norm_graph, NoLastWeight, temperature, top_p)[0] > 0
 
 
+def _open_draw_mismatches(norm_graph, cls, temperature: float, top_p: float, penalty: float = 1.0, rows: int = 3):
+    """Draws and residual draws of ``cls`` rows on band rows (a nucleus past the entries read) that differ from
+    the whole row's, at random uniform numbers and on the boundaries of the head's running sums; and how many
+    random draws it settled, of how many. q: a draft's row of a perturbed row, and one-hot guesses."""
+    vocab = 4096
+    cfg = SamplingConfig(do_sample=True, top_k=0, top_p=top_p, temperature=temperature,
+                         repetition_penalty=penalty)
+    bad = settled = total = 0
+    for r in range(rows):
+        row = _band_row(vocab, 200, seed=10 + r)
+        base = np.argsort(-row)[:3].tolist() if penalty != 1.0 else []
+        pipe, draft_pipe = _pipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
+        graph_row = GraphRow(norm_graph(vocab), row, LAZY_TOP, 1 / temperature, 32)
+        full = pipe.row(row.copy(), base, [])
+        assert full.sparse and full.ids.size > LAZY_TOP
+        assert cls(pipe, graph_row, base, [])._bounds()[5][3] is False  # past the entries read
+        rng = np.random.default_rng(r)
+        drafts = [draft_pipe.row(row + rng.standard_normal(vocab).astype(np.float32) * 0.3, base, [])]
+        drafts += [Dist.one_hot(int(t)) for t in np.argsort(-row)[:2]]
+        ids, probs = full.ids, full.probs
+        pos = np.searchsorted(ids, full.head_ids())
+        edges = np.cumsum(probs[pos]).tolist()[:30]  # the head's running sums: every boundary a draw crosses there
+        randoms = rng.random(60).tolist()
+        for u in randoms + [min(x * f, 1 - 1e-16) for x in edges for f in (1, 1 - 1e-9, 1 + 1e-9)]:
+            before = pipe.lazy_settled
+            if cls(pipe, graph_row, base, []).draw(u) != full.draw(u):
+                bad += 1
+            if u in randoms:
+                settled += pipe.lazy_settled - before
+                total += 1
+            for q in drafts:
+                if cls(pipe, graph_row, base, []).residual(q, u) != full.residual(q, u):
+                    bad += 1
+    return bad, settled, total
+
+
+@pytest.mark.parametrize("temperature,top_p,penalty", [(1.0, 0.9, 1.0), (0.7, 0.8, 1.0), (1.0, 0.9, 1.2)])
+def test_draws_from_a_nucleus_past_the_entries_read(norm_graph, temperature, top_p, penalty):
+    """Draws and residual draws from a top-p nucleus that holds more tokens than those read take the head (the
+    entries read above the 64th, all kept) first: landing there they are settled from the bounds (p = weight
+    over the kept sum, which lies between top_p times the total and that plus the weight at the bound; the
+    residual's sum is 1 - sum_x min(p, q)). The whole row's token every time, at random and on the head's
+    boundaries; most random draws settled; a head walked by id is caught by the same checks."""
+    bad, settled, total = _open_draw_mismatches(norm_graph, LazyRow, temperature, top_p, penalty)
+    assert bad == 0
+    assert settled >= 0.25 * total, (settled, total)  # (the head holds about a third of these nuclei)
+    assert _open_draw_mismatches(norm_graph, HeadById, temperature, top_p, penalty)[0] > 0
+
+
+def test_sparse_draws_take_the_head_first():
+    """A sparse distribution with a head draws the head's ids in the head's order, then the rest by id (the
+    draw for each u as that definition gives it); each token with its probability (chi-square, 100k draws),
+    and the residual max(0, p - q) likewise; ignoring the order is caught by the definition check."""
+    rng = np.random.default_rng(2)
+    ids = np.sort(rng.choice(5000, 300, replace=False))
+    probs = rng.random(300) ** 3
+    probs /= probs.sum()
+    head = [int(t) for t in ids[np.argsort(-probs)[:40]]] + [4999 if 4999 not in ids else 0]  # (one not held)
+    dist = Dist(ids, probs, head=head)
+    order = [t for t in head if t in set(ids.tolist())] + [t for t in ids.tolist() if t not in set(head)]
+    p_of = dict(zip(ids.tolist(), probs.tolist()))
+    for u in rng.random(300).tolist():
+        sums = np.cumsum([p_of[t] for t in order])
+        expected = order[min(int(np.searchsorted(sums, u * sums[-1], side="right")), len(order) - 1)]
+        assert dist.draw(u) == expected
+        assert Dist(ids, probs).draw(u) == int(ids[min(int(np.searchsorted(np.cumsum(probs), u * probs.sum(),
+                                                                             side="right")), ids.size - 1)])
+    assert any(dist.draw(u) != Dist(ids, probs).draw(u) for u in rng.random(100).tolist())  # the order matters
+    small = Dist(tokens=ids.tolist(), plist=probs.tolist(), head=head)
+    u = rng.random(100_000)
+    for d in (dist, small):
+        draws = np.bincount([d.draw(x) for x in u], minlength=5000)
+        assert chi_square_p(draws[ids], probs) > ALPHA
+    q = Dist(tokens=ids[:50].tolist(), plist=(probs[:50] / probs[:50].sum()).tolist())
+    r = np.maximum(probs - np.where(np.arange(300) < 50, probs[:50].sum() ** -1 * np.pad(probs[:50], (0, 250)), 0), 0)
+    draws = np.bincount([verify.residual_draw(dist, q, x) for x in u], minlength=5000)
+    assert chi_square_p(draws[ids], r / r.sum()) > ALPHA
+
+
 def test_first_token_follows_p_where_the_nucleus_reaches_past_the_entries_read(norm_graph):
     """40k seeded rounds of one draft on a band row (a top-p nucleus of 174 tokens, 64 read): the committed token
     follows p (chi-square over the nucleus), with most verdicts settled from the bounds; the same test catches a

@@ -260,9 +260,12 @@ def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | 
                     return i
     if not total > acc:  # (rounding: the head holds the whole total)
         return last if last >= 0 else sample_weights(weights, u)
-    rest = weights.copy()
-    rest[head] = 0
-    got = sample_weights(rest, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
+    kept = weights[head]  # the rest: the head's weights set to 0 for the draw, then put back (no copy of the row)
+    weights[head] = 0
+    try:
+        got = sample_weights(weights, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
+    finally:
+        weights[head] = kept
     return got if got >= 0 else last  # (no mass outside the head: the total's rounding again)
 
 
@@ -900,7 +903,7 @@ class LazyRow:
         self._read = None  # (processed scores of the tokens read, max score, 1/T, the total's lower and upper bound,
         #                   the nucleus, the bound on entries not read)
         self._coarse = False  # the processors' changes to entries not read are bounded, not summed
-        self._hd: list[int] = []  # the row's head (Dist.head_ids), from its largest entries
+        self._hd = ()  # the row's head (Dist.head_ids), from its largest entries: ``_head``
 
     def dist(self) -> Dist:
         """The row's distribution, as ``LogitsPipeline.row`` gives it (computed once)."""
@@ -943,12 +946,18 @@ class LazyRow:
             return None if i is None else ids[i]
         return self._pick_head({}, top, inv_t, scores, u * z_lo, u * z_hi)
 
+    def _head(self) -> list[int]:
+        """The row's head (``Dist.head_ids``), from the largest entries read."""
+        if isinstance(self._hd, tuple):
+            self._hd = _head_of(*self._hd, self.pipe.vocab_size) if self._hd else []
+        return self._hd
+
     def _head_p(self, kept, scores: dict, top: float, inv_t: float) -> tuple[list, list, list]:
         """The head's ids and bounds of their p in a nucleus, as ``_p_bounds`` gives them: 0 outside one settled
         among the entries read; between 0 and the upper bound outside the tokens one that reaches past them is
         known to keep (a penalized token the head holds may score below the bound)."""
         nucleus, s_lo, s_hi, whole = kept
-        ids, lo, hi = self._hd, [], []
+        ids, lo, hi = self._head(), [], []
         for t in ids:
             s = scores[t]
             inside = t in nucleus
@@ -965,10 +974,12 @@ class LazyRow:
         """``_pick`` over the head ``draw_weights`` draws first (``Dist.head_ids``, in its order), the weights
         bounded as it goes (``changed``: bounds that replace some weights): the token, or None where the bounds
         do not settle it or the draw reaches past the head (then it needs the whole row)."""
+        if x_lo > (LAZY_TOP - 1) * (1 + self.W_SLACK + 1e-6):
+            return None  # past any mass the head can hold (each weight is at most the largest, 1): a flat row
         w_bounds = self._w_bounds
         low = high = before = 0.0
         x_hi, x_lo = x_hi * (1 + 1e-12), x_lo * (1 - 1e-12)
-        for t in self._hd:
+        for t in self._head():
             w = changed.get(t)
             if w is None:
                 s = scores[t]
@@ -1003,6 +1014,8 @@ class LazyRow:
             i = _pick(lo, hi, u * r_lo, u * r_hi)
             return None if i is None else ids[i]
         # dense p: q's tokens get weights (p - min(p, q')) * total (q' = q normalized), float32
+        if u * (z_lo - len(draft.tokens) * 1.001) > (LAZY_TOP - 1) * 1.001:
+            return self.NEVER  # the draw lands past the head whatever q takes out (each weight is at most 1)
         p = self._p_bounds(draft.tokens)  # (also reads the row's scores of q's tokens)
         q_sum = math.fsum(draft.plist)
         qn = [x / q_sum for x in draft.plist]
@@ -1115,7 +1128,7 @@ class LazyRow:
         # the graph's sum covers the raw row over its width: take out columns past the vocabulary and put the
         # processors' changes in (float64 on the host, exact to ~1e-15)
         width = self.row.width if hasattr(self.row, "width") else self.row.numpy().shape[0]
-        self._hd = _head_of(found[0], values, width, pipe.vocab_size)
+        self._hd = (found[0], values, width)  # (the head: made from them when a draw first needs it)
         extra = changed = changed_raw = unread = 0.0
         if width > pipe.vocab_size:
             row = self.row.numpy()

@@ -579,7 +579,7 @@ class HeadById(LazyRow):
     def _from_norm(self, *args, **kw):
         got = super()._from_norm(*args, **kw)
         if got:
-            self._hd = sorted(self._hd)
+            self._hd = sorted(self._head())
         return got
 
 

@@ -178,8 +178,9 @@ def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle):
                            "--against", str(root / "runtime")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.count("->") == 3]  # shares and ms: other -> this
-    assert [r.split("  ")[0].strip() for r in rows] == ["temperature 0.7, no top-k", "top-p 0.9, no top-k",
-                                                        "repetition penalty 1.1, no top-k"], proc.stdout
+    assert [r.split("  ")[0].strip() for r in rows] == ["temperature 0.7, no top-k", "temperature 1.0, no top-k",
+                                                        "top-p 0.9, no top-k", "repetition penalty 1.1, no top-k"], \
+        proc.stdout
     for r in rows:
         assert r.split()[-1] == "4/4" and r.count("%") == 2, r  # 2 passes x (target-only, speculating)
 

@@ -32,7 +32,7 @@ SETTINGS = {
     "Llama-3 style (T 0.6, top-p 0.9, top-k 50)": dict(temperature=0.6, top_p=0.9, top_k=50),
     "top-k 50 (transformers' default)": dict(top_k=50),
     "temperature 0.7, no top-k": dict(temperature=0.7, top_k=0),
-    "temperature 1.0, no top-k (pure sampling)": dict(top_k=0),
+    "temperature 1.0, no top-k": dict(top_k=0),
     "top-p 0.9, no top-k": dict(top_p=0.9, top_k=0),
     "repetition penalty 1.1, no top-k": dict(repetition_penalty=1.1, top_k=0),
 }

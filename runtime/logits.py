@@ -66,7 +66,7 @@ class Dist:
         self._ids, self._probs = ids, probs
         self.tokens, self.plist = tokens, plist
         self.weights, self.total = weights, total
-        self.head = head  # dense: the ids drawn first (``head_ids``), a list, or a function that makes it, or None
+        self.head = head  # the ids drawn first (``head_ids``): a list, a function that makes it, or None
 
     @staticmethod
     def from_probs(probs: np.ndarray, small: bool | None = None) -> "Dist":
@@ -538,9 +538,9 @@ class LogitsPipeline:
     def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
         """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
         have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries), unless
-        its heavy weights reach past those entries and it is the ``last`` (only drawn from) or penalized (whose
-        bookkeeping then buys nothing: a flat row's verdicts are rarely settled and its draws never), or its
-        top-p nucleus does (``wide_nucleus``: nothing is settled then); else ``row`` (in place: a row is verified
+        those entries hold at most half of its mass (``thin_head``) and it is the ``last`` (only drawn from) or
+        penalized (whose bookkeeping then buys little: a flat row's verdicts are rarely settled, its draws
+        seldom), or its top-p nucleus is wide (``wide_nucleus``); else ``row`` (in place: a row is verified
         once)."""
         if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self) and \
                 not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
@@ -940,7 +940,7 @@ class LazyRow:
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is not None:  # a nucleus: inverse CDF over p = weight / the kept weights' sum (summing to 1), the
-            # head first (every kept token among the entries read is in it): settled there, or None
+            # head first: settled where it lands there, else None
             ids, lo, hi = self._head_p(kept, scores, top, inv_t)
             i = _pick(lo, hi, u * (1 - 1e-9), u * (1 + 1e-9))
             return None if i is None else ids[i]

@@ -620,14 +620,13 @@ class LogitsPipeline:
         """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
         (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
         cfg = self.config
-        head = None  # (dense rows LazyRow may verify: the ids a draw takes first, from the raw row: Dist.head_ids)
-        lazy = self._lazy_rows()
+        head = None  # (rows LazyRow may verify: the ids a draw takes first, from the raw row: Dist.head_ids)
         if hasattr(logits, "top"):  # a DeviceRow
             if cfg.top_k and cfg.top_k < self.vocab_size:
                 found = self._device_top(logits, cfg.top_k, base, new)
                 if found is not None and math.isfinite(found[2]):
                     return self._sparse(found[0], found[1])
-            if lazy:
+            if self._lazy_rows():
                 drow, vocab = logits, self.vocab_size
                 head = lambda: top_head(drow, vocab)  # noqa: E731 (read from its top entries when a draw needs it)
             # settings without top-k read the whole row (in place only where it is a host pass's own buffer)
@@ -637,7 +636,7 @@ class LogitsPipeline:
         if scores.dtype != np.float32:
             scores, inplace = scores.astype(np.float32), True
         ids, values = self._changes(scores, base, new)
-        if lazy and head is None:
+        if head is None and self._lazy_rows():
             # a host row: its head from the raw entries when a draw needs it (those the processors are about to
             # change in place kept aside: a whole row is mostly read for a verdict, not drawn from)
             vocab = self.vocab_size
@@ -861,8 +860,13 @@ def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
     """The index an inverse CDF picks (the first whose running sum exceeds x) when every entry i is only known
     to lie in [lo[i], hi[i]] and x in [x_lo, x_hi]: None unless the same index is picked whatever they are."""
+    return _pick_pairs(zip(lo, hi), x_lo, x_hi)
+
+
+def _pick_pairs(bounds, x_lo: float, x_hi: float) -> int | None:
+    """``_pick`` over (lo, hi) pairs from an iterable (made as the walk goes: it stops where it is settled)."""
     low = high = before = 0.0
-    for i, (a, b) in enumerate(zip(lo, hi)):
+    for i, (a, b) in enumerate(bounds):
         low, high = low + a, high + b
         if low * (1 - 1e-12) > x_hi * (1 + 1e-12):
             return i if before * (1 + 1e-12) <= x_lo * (1 - 1e-12) else None
@@ -976,19 +980,11 @@ class LazyRow:
         do not settle it or the draw reaches past the head (then it needs the whole row)."""
         if x_lo > (LAZY_TOP - 1) * (1 + self.W_SLACK + 1e-6):
             return None  # past any mass the head can hold (each weight is at most the largest, 1): a flat row
-        w_bounds = self._w_bounds
-        low = high = before = 0.0
-        x_hi, x_lo = x_hi * (1 + 1e-12), x_lo * (1 - 1e-12)
-        for t in self._head():
-            w = changed.get(t)
-            if w is None:
-                s = scores[t]
-                w = w_bounds(s, top, inv_t) if s > -math.inf else (0.0, 0.0)
-            low, high = low + w[0], high + w[1]
-            if low * (1 - 1e-12) > x_hi:
-                return t if before * (1 + 1e-12) <= x_lo else None
-            before = high
-        return None
+        w_bounds, head = self._w_bounds, self._head()
+        bounds = (changed.get(t) or (w_bounds(scores[t], top, inv_t) if scores[t] > -math.inf else (0.0, 0.0))
+                  for t in head)
+        i = _pick_pairs(bounds, x_lo, x_hi)
+        return None if i is None else head[i]
 
     def _lazy_residual(self, draft: Dist, u: float) -> int | None:
         """``verify.residual_draw`` for a small q, from the bounds (None where they do not settle it)."""

@@ -36,6 +36,7 @@ LEAN_MAX = 256        # a top-k row of at most this many candidates is finished 
 NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
 LOG2_E = 1.4426950408889634  # 1 / ln 2
 HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits name a bucket of the nucleus search
+BUCKETS = 128 * 128   # buckets of weights in [0, 1] (1.0's is 0x3F80), whole groups of GROUP for _reaching
 # exp2 of an exponent below -126 is a float32 denormal (or 0): NumPy's exp2 computes those on a slow path, and
 # denormals slow every later sum over the row. At a low temperature most of a row is there (T 0.2: a dense row
 # took 7x as long). So where a row's exponents reach below -126 they are clamped to EXP2_FLOOR and
@@ -43,6 +44,11 @@ HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits n
 # (probabilities under 1e-30, far below float32's rounding of the rest), weights from 2**-75 up keep their bits,
 # and no denormal is made.
 EXP2_FLOOR = -100
+
+
+_NO_IDS, _NO_SCORES = np.zeros(0, np.int64), np.zeros(0, np.float32)  # (read only)
+_ONES = np.ones(BLOCK_ROWS, dtype=np.float32)  # block sums as a product with it (BLAS)
+_NO_IDS.flags.writeable = _NO_SCORES.flags.writeable = _ONES.flags.writeable = False
 
 
 class Dist:
@@ -58,15 +64,16 @@ class Dist:
     ``ids``/``probs`` of a small Dist are made on first use (for checks and the rare large-support paths).
     """
 
-    __slots__ = ("_ids", "_probs", "tokens", "plist", "weights", "total", "head")
+    __slots__ = ("_ids", "_probs", "tokens", "plist", "weights", "total", "head", "blocks")
 
     def __init__(self, ids: np.ndarray | None = None, probs: np.ndarray | None = None,
                  weights: np.ndarray | None = None, total: float = 1.0, *,
-                 tokens: list[int] | None = None, plist: list[float] | None = None, head=None):
+                 tokens: list[int] | None = None, plist: list[float] | None = None, head=None, blocks=None):
         self._ids, self._probs = ids, probs
         self.tokens, self.plist = tokens, plist
         self.weights, self.total = weights, total
         self.head = head  # the ids drawn first (``head_ids``): a list, a function that makes it, or None
+        self.blocks = blocks  # a dense row's block sums as ``_total`` made them (``block_sums``), or None
 
     @staticmethod
     def from_probs(probs: np.ndarray, small: bool | None = None) -> "Dist":
@@ -147,7 +154,7 @@ class Dist:
         if self._ids is not None:
             ids, probs = (self._ids, self._probs) if head is None else head_first(self._ids, self._probs, head)
             return int(ids[_inverse_cdf(probs, u)])
-        return draw_weights(self.weights, self.total, u, head)
+        return draw_weights(self.weights, self.total, u, head, self.blocks)
 
     def head_ids(self) -> list[int] | None:
         """A row's head, where its pipeline verifies with LazyRow (no top-k): the ids whose raw logit is above the
@@ -238,18 +245,21 @@ RESIDUAL_EPS = 1e-12   # below this mass the residual max(0, p - q) is numerical
 HEAD_MIN = 2.0 ** -10  # a dense row without a head given: weights at least this (the largest is 1) drawn first
 
 
-def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | None = None) -> int:
+def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | None = None,
+                 blocks: np.ndarray | None = None) -> int:
     """Inverse-CDF draw from float32 ``weights`` (largest 1, sum ``total`` as ``_total`` gives it) for ``u``: first
     over the ``head`` ids in the order given (float64 running sums), then, past them, over the rest in block
     order (``sample_weights``). The head of a row verified under settings LazyRow serves (``Dist.head_ids``) is
     the entries a pass returns with it, at most LAZY_TOP - 1: where they hold most of the row's mass, LazyRow
     draws from them without the rest of the row. Without a head: the weights >= HEAD_MIN by id, and a row with
-    more than LEAN_MAX of them (a flat one) in block order throughout."""
+    more than LEAN_MAX of them (a flat one) in block order throughout. ``blocks``: the weights' block sums
+    (``block_sums``), where the caller has them: the draw past the head then sums again only the blocks the
+    head's entries are in."""
     if head is None:
-        heavy = weights >= HEAD_MIN
-        if np.count_nonzero(heavy) > LEAN_MAX:
-            return sample_weights(weights, u)
-        head = np.flatnonzero(heavy).tolist()
+        heavy = np.flatnonzero(weights >= HEAD_MIN)
+        if heavy.size > LEAN_MAX:
+            return sample_weights(weights, u, blocks)
+        head = heavy.tolist()
     x, acc, last = u * total, 0.0, -1
     if head:
         for i, w in zip(head, weights[head].tolist()):
@@ -259,11 +269,12 @@ def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | 
                 if acc > x:
                     return i
     if not total > acc:  # (rounding: the head holds the whole total)
-        return last if last >= 0 else sample_weights(weights, u)
+        return last if last >= 0 else sample_weights(weights, u, blocks)
     kept = weights[head]  # the rest: the head's weights set to 0 for the draw, then put back (no copy of the row)
     weights[head] = 0
     try:
-        got = sample_weights(weights, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
+        rest = None if blocks is None else recount(blocks, weights, head)
+        got = sample_weights(weights, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53), rest)
     finally:
         weights[head] = kept
     return got if got >= 0 else last  # (no mass outside the head: the total's rounding again)
@@ -309,30 +320,53 @@ def _head_of(ids, values, width: int, vocab: int) -> list[int]:
     return [t for _, t in sorted((-v, t) for t, v in zip(ids[:n], values[:n]) if t < vocab)]
 
 
-def sample_weights(weights: np.ndarray, u: float) -> int:
-    """Inverse-CDF draw over float32 ``weights`` in block order: first a block by the block sums, then within it
-    (-1 where no weight is positive)."""
+def sample_weights(weights: np.ndarray, u: float, blocks: np.ndarray | None = None) -> int:
+    """Inverse-CDF draw over float32 ``weights`` in block order: first a block by the block sums (``blocks``
+    where the caller has them, as ``block_sums`` or ``recount`` give them), then within it (-1 where no weight
+    is positive)."""
     width = weights.size
     cols = width // BLOCK_ROWS
     if cols < 2:
         wide = weights.astype(np.float64)
         return _inverse_cdf(wide, u) if wide.sum() > 0 else -1
     body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
-    block = np.ones(BLOCK_ROWS, dtype=np.float32) @ body          # float32 sums of each block (BLAS)
+    block = (block_sums(weights) if blocks is None else blocks).astype(np.float64)
     tail = weights[cols * BLOCK_ROWS:].astype(np.float64)
-    cum = np.cumsum(block, dtype=np.float64)
+    running = _running(block)
+    mass = float(running[1][-1])
     tail_sum = tail.sum()
-    if not cum[-1] + tail_sum > 0:
+    if not mass + tail_sum > 0:
         return -1
-    x = u * (cum[-1] + tail_sum)
-    if x >= cum[-1] and tail.size and tail_sum > 0:
-        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - cum[-1]) / tail_sum)
-    j = min(int(np.searchsorted(cum, x, side="right")), cols - 1)
+    x = u * (mass + tail_sum)
+    if x >= mass and tail.size and tail_sum > 0:
+        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - mass) / tail_sum)
+    j, before = _reaching(block, x, "right", running)
     while block[j] <= 0:  # rounding pushed x past the last block with mass
         j -= 1
+        before -= block[j]
     inside = body[:, j].astype(np.float64)
-    r = (x - (cum[j - 1] if j else 0.0)) / inside.sum()
+    r = (x - before) / inside.sum()
     return _inverse_cdf(inside, min(max(r, 0.0), 1.0)) * cols + j
+
+
+def block_sums(weights: np.ndarray) -> np.ndarray | None:
+    """The float32 sums of a row's blocks (BLAS; the columns of its [BLOCK_ROWS, width / BLOCK_ROWS] view), which
+    ``_total`` adds up and a draw in block order searches; None for a row narrower than two blocks."""
+    cols = weights.size // BLOCK_ROWS
+    if cols < 2:
+        return None
+    return _ONES @ weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
+
+
+def recount(blocks: np.ndarray, weights: np.ndarray, ids) -> np.ndarray:
+    """The block sums (float64) of ``weights`` after the entries ``ids`` changed, from ``blocks``, their sums
+    before: only the blocks holding those entries are summed again (float32, as ``block_sums``)."""
+    cols = blocks.size
+    ids = np.asarray(ids, dtype=np.int64)
+    hit = ids[ids < cols * BLOCK_ROWS] % cols  # (a block named twice is summed twice, to the same number)
+    out = blocks.astype(np.float64)
+    out[hit] = _ONES @ weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)[:, hit]
+    return out
 
 
 def top_candidates(scores: np.ndarray, k: int) -> np.ndarray:
@@ -468,8 +502,10 @@ class LogitsPipeline:
 
     def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
+        if not self.processes:
+            return _NO_IDS, _NO_SCORES
         seen = self._seen_tokens(base, new) if self.config.repetition_penalty != 1.0 else np.zeros(0, np.int64)
-        values = self._penalize(row[seen]).astype(row.dtype, copy=False)
+        values = self._penalize(row[seen])
         if not self.config.bad_words_ids:
             return seen, values
         banned = self._banned_now(base, new)
@@ -480,8 +516,10 @@ class LogitsPipeline:
 
     def _penalize(self, values: np.ndarray) -> np.ndarray:
         """Repetition penalty (as transformers): positive scores divided by it, negative ones multiplied."""
-        theta = self.config.repetition_penalty
-        return np.where(values < 0, values * theta, values / theta).astype(values.dtype, copy=False)
+        theta = self.config.repetition_penalty  # (a Python float: the products and quotients in values' dtype)
+        out = np.divide(values, theta)
+        np.multiply(values, theta, out=out, where=values < 0)  # (three NumPy calls: each costs after a pass)
+        return out
 
     def _banned_now(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
         return np.asarray(self._banned_list(base, new), dtype=np.int64)
@@ -671,12 +709,13 @@ class LogitsPipeline:
         np.exp2(weights, out=weights)  # exp((s - max) / T); NumPy's float32 exp2 is nearly twice as fast as exp
         if underflow:
             weights -= np.float32(2.0 ** EXP2_FLOOR)  # the clamped entries back to exactly 0
-        total = _total(weights)
+        blocks = block_sums(weights)
+        total = _total(weights, blocks)
         if cfg.top_p < 1.0:
             got = self._nucleus(weights, total)
             got.head = head
             return got
-        return Dist(weights=weights, total=total, head=head)
+        return Dist(weights=weights, total=total, head=head, blocks=blocks)
 
     def probs(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """The distributions actually sampled from, as dense float64 rows [rows, vocab] (for checks)."""
@@ -762,22 +801,26 @@ class LogitsPipeline:
         """The nucleus by threshold, over a histogram of the weights: the bit patterns of float32 numbers >= 0 are
         ordered as their values, so their top bits name buckets of ever larger weights (1/128 of an octave each).
         One pass finds each bucket's mass; the bucket where the mass in descending order reaches the target is the
-        only one sorted exactly: above it every token is kept, below it none."""
-        # intp keys and float64 weights (bincount casts int32 ids and float32 weights itself ~5x slower), written
-        # into reused arrays (fresh ones of this size cost more in page faults than the histogram itself)
+        only one sorted exactly: above it every token is kept, below it none. (The weights are at most 1, the
+        largest: their buckets are below BUCKETS.)"""
+        # intp keys and float64 weights (np.add.at's fast path: other types, or bincount, cost 1.6-60x as much),
+        # written into reused arrays (fresh ones of this size cost more in page faults than the histogram itself)
         keys = np.right_shift(weights.view(np.int32), HIST_SHIFT, out=self.scratch.take(weights.size, np.intp))
         wide = self.scratch.take(weights.size, np.float64)
         np.copyto(wide, weights)
-        mass = np.bincount(keys, weights=wide)[::-1]  # descending buckets
-        wide = None  # (free for the next row)
-        j, mass_above = _reaching(mass, target)  # the first bucket whose running sum reaches the target
-        cut = mass.size - 1 - j                             # its key
-        mask = self.scratch.take(weights.size, np.bool_)
-        band = np.flatnonzero(np.equal(keys, cut, out=mask))
+        hist = self.scratch.take(BUCKETS, np.float64)
+        hist.fill(0.0)
+        np.add.at(hist, keys, wide)  # (one by one in id order, as bincount adds them)
+        keys = wide = None  # (free for the next row)
+        j, mass_above = _reaching(hist[::-1], target)  # the first bucket, from the top, whose running sum reaches it
+        cut = BUCKETS - 1 - j                               # its key, and the weights it holds: [low, high)
+        low, high = np.array([cut << HIST_SHIFT, (cut + 1) << HIST_SHIFT], dtype=np.int32).view(np.float32)
+        above = np.greater_equal(weights, high, out=self.scratch.take(weights.size, np.bool_))
+        inside = np.greater_equal(weights, low, out=self.scratch.take(weights.size, np.bool_))
+        band = np.flatnonzero(np.not_equal(inside, above, out=inside))
         order = band[np.lexsort((band, -weights[band]))]
         before = mass_above + np.cumsum(weights[order], dtype=np.float64) - weights[order]
         kept = order[before < target]
-        above = np.greater(keys, cut, out=mask)
         if np.count_nonzero(above) + kept.size <= SPARSE_MAX:
             ids = np.concatenate([np.flatnonzero(above), kept])
             return self._top_p_done(ids, weights[ids])
@@ -795,25 +838,35 @@ class LogitsPipeline:
 GROUP = 128  # buckets per group in _reaching
 
 
-def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
-    """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (the last index when
-    none does), and the sum before it. In two levels: sums of groups of GROUP, their running sums, then the
-    running sums inside the one group that reaches it (NumPy's cumsum over the 16k buckets of a nucleus search
-    cost ~50 us: each addition waits for the one before)."""
+def _running(mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``mass`` padded to whole groups of GROUP, and the running sums of the groups' sums (``_reaching``)."""
     n = mass.size
-    padded = np.zeros(-(-n // GROUP) * GROUP)
-    padded[:n] = mass
-    groups = np.cumsum(padded.reshape(-1, GROUP).sum(axis=1))
-    g = int(np.searchsorted(groups, target, side="left"))
+    if n % GROUP:
+        padded = np.zeros(-(-n // GROUP) * GROUP)
+        padded[:n] = mass
+    else:
+        padded = mass
+    return padded, np.cumsum(padded.reshape(-1, GROUP).sum(axis=1))
+
+
+def _reaching(mass: np.ndarray, target: float, side: str = "left", running=None) -> tuple[int, float]:
+    """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (side "left": is at
+    least it; "right": exceeds it; the last index when none does), and the sum before it. In two levels: sums of
+    groups of GROUP, their running sums (``running``: ``_running(mass)`` where the caller made it), then the
+    running sums inside the one group that reaches it (NumPy's cumsum over the 16k buckets of a nucleus search
+    cost ~50 us, over a row's 4,748 blocks ~18 us: each addition waits for the one before)."""
+    n = mass.size
+    padded, groups = running or _running(mass)
+    g = int(np.searchsorted(groups, target, side=side))
     if g < groups.size:
         before = float(groups[g - 1]) if g else 0.0
         inside = before + np.cumsum(padded[g * GROUP:(g + 1) * GROUP])
-        i = int(np.searchsorted(inside, target, side="left"))
-        if i < GROUP:
+        i = int(np.searchsorted(inside, target, side=side))
+        if i < GROUP and g * GROUP + i < n:
             return g * GROUP + i, float(inside[i - 1]) if i else before
     # no group reaches it, or the group's sum and its running sums rounded apart: all of them in one level
     upto = np.cumsum(mass)
-    j = min(int(np.searchsorted(upto, target, side="left")), n - 1)
+    j = min(int(np.searchsorted(upto, target, side=side)), n - 1)
     return j, float(upto[j - 1]) if j else 0.0
 
 
@@ -1298,14 +1351,15 @@ def _descending(values: list[float]) -> bool:
     return all(map(operator.gt, values, islice(values, 1, None)))
 
 
-def _total(weights: np.ndarray) -> float:
-    """Sum of float32 weights, accumulated per block in float32 (BLAS) and across blocks in float64."""
+def _total(weights: np.ndarray, blocks: np.ndarray | None = None) -> float:
+    """Sum of float32 weights, accumulated per block in float32 (BLAS: ``block_sums``, or the ``blocks`` given)
+    and across blocks in float64."""
     cols = weights.size // BLOCK_ROWS
     if cols < 2:
         return float(weights.sum(dtype=np.float64))
-    body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
-    block = np.ones(BLOCK_ROWS, dtype=np.float32) @ body
-    return float(block.sum(dtype=np.float64) + weights[cols * BLOCK_ROWS:].sum(dtype=np.float64))
+    block = block_sums(weights) if blocks is None else blocks
+    total = float(block.sum(dtype=np.float64))
+    return total + float(weights[cols * BLOCK_ROWS:].sum(dtype=np.float64)) if weights.size % BLOCK_ROWS else total
 
 
 def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:

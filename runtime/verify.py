@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .logits import (RESIDUAL_EPS, Dist, _total, acceptance_probability, draw_weights,  # noqa: F401 (re-exported)
-                     head_first, head_first_lists, inverse_cdf_list)
+                     head_first, head_first_lists, inverse_cdf_list, recount)
 
 
 class Uniforms:
@@ -134,9 +134,15 @@ def residual_draw(target: Dist, draft: Dist, u: float) -> int:
         overlap = np.minimum(p_there, draft.probs / draft.probs.sum())
         if 1.0 - overlap.sum() <= RESIDUAL_EPS:
             return target.draw(u)
-        weights = target.weights.copy()
-        weights[draft.ids] = ((p_there - overlap) * target.total).astype(np.float32)
-        return draw_weights(weights, _total(weights), u, head)
+        # the residual's weights: p's with q's ids lowered, in place (put back after the draw; no copy of the row)
+        weights, ids = target.weights, draft.ids
+        was = weights[ids]
+        weights[ids] = ((p_there - overlap) * target.total).astype(np.float32)
+        try:
+            blocks = None if target.blocks is None else recount(target.blocks, weights, ids)
+            return draw_weights(weights, _total(weights, blocks), u, head, blocks)
+        finally:
+            weights[ids] = was
     width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
     r = residual(target.dense(width), draft.dense(width))
     cdf = np.cumsum(r)

@@ -253,8 +253,8 @@ def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | 
     the entries a pass returns with it, at most LAZY_TOP - 1: where they hold most of the row's mass, LazyRow
     draws from them without the rest of the row. Without a head: the weights >= HEAD_MIN by id, and a row with
     more than LEAN_MAX of them (a flat one) in block order throughout. ``blocks``: the weights' block sums
-    (``block_sums``), where the caller has them: the draw past the head then sums again only the blocks the
-    head's entries are in."""
+    (``block_sums``) where the caller has them, searched instead of summing the row again when no head entry
+    is set aside (a row without heavy weights; past a head, the row is summed again with the head at 0)."""
     if head is None:
         heavy = np.flatnonzero(weights >= HEAD_MIN)
         if heavy.size > LEAN_MAX:
@@ -269,12 +269,13 @@ def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | 
                 if acc > x:
                     return i
     if not total > acc:  # (rounding: the head holds the whole total)
-        return last if last >= 0 else sample_weights(weights, u, blocks)
+        return last if last >= 0 else sample_weights(weights, u, None if head else blocks)
+    if not head:
+        return sample_weights(weights, u, blocks)
     kept = weights[head]  # the rest: the head's weights set to 0 for the draw, then put back (no copy of the row)
     weights[head] = 0
     try:
-        rest = None if blocks is None else recount(blocks, weights, head)
-        got = sample_weights(weights, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53), rest)
+        got = sample_weights(weights, min((x - acc) / (total - acc), 1.0 - 2.0 ** -53))
     finally:
         weights[head] = kept
     return got if got >= 0 else last  # (no mass outside the head: the total's rounding again)
@@ -322,30 +323,27 @@ def _head_of(ids, values, width: int, vocab: int) -> list[int]:
 
 def sample_weights(weights: np.ndarray, u: float, blocks: np.ndarray | None = None) -> int:
     """Inverse-CDF draw over float32 ``weights`` in block order: first a block by the block sums (``blocks``
-    where the caller has them, as ``block_sums`` or ``recount`` give them), then within it (-1 where no weight
-    is positive)."""
+    where the caller has them, as ``block_sums`` made them), then within it (-1 where no weight is positive)."""
     width = weights.size
     cols = width // BLOCK_ROWS
     if cols < 2:
         wide = weights.astype(np.float64)
         return _inverse_cdf(wide, u) if wide.sum() > 0 else -1
     body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
-    block = (block_sums(weights) if blocks is None else blocks).astype(np.float64)
+    block = block_sums(weights) if blocks is None else blocks
     tail = weights[cols * BLOCK_ROWS:].astype(np.float64)
-    running = _running(block)
-    mass = float(running[1][-1])
+    cum = np.cumsum(block, dtype=np.float64)
     tail_sum = tail.sum()
-    if not mass + tail_sum > 0:
+    if not cum[-1] + tail_sum > 0:
         return -1
-    x = u * (mass + tail_sum)
-    if x >= mass and tail.size and tail_sum > 0:
-        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - mass) / tail_sum)
-    j, before = _reaching(block, x, "right", running)
+    x = u * (cum[-1] + tail_sum)
+    if x >= cum[-1] and tail.size and tail_sum > 0:
+        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - cum[-1]) / tail_sum)
+    j = min(int(np.searchsorted(cum, x, side="right")), cols - 1)
     while block[j] <= 0:  # rounding pushed x past the last block with mass
         j -= 1
-        before -= block[j]
     inside = body[:, j].astype(np.float64)
-    r = (x - before) / inside.sum()
+    r = (x - (cum[j - 1] if j else 0.0)) / inside.sum()
     return _inverse_cdf(inside, min(max(r, 0.0), 1.0)) * cols + j
 
 
@@ -356,17 +354,6 @@ def block_sums(weights: np.ndarray) -> np.ndarray | None:
     if cols < 2:
         return None
     return _ONES @ weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
-
-
-def recount(blocks: np.ndarray, weights: np.ndarray, ids) -> np.ndarray:
-    """The block sums (float64) of ``weights`` after the entries ``ids`` changed, from ``blocks``, their sums
-    before: only the blocks holding those entries are summed again (float32, as ``block_sums``)."""
-    cols = blocks.size
-    ids = np.asarray(ids, dtype=np.int64)
-    hit = ids[ids < cols * BLOCK_ROWS] % cols  # (a block named twice is summed twice, to the same number)
-    out = blocks.astype(np.float64)
-    out[hit] = _ONES @ weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)[:, hit]
-    return out
 
 
 def top_candidates(scores: np.ndarray, k: int) -> np.ndarray:
@@ -839,7 +826,8 @@ GROUP = 128  # buckets per group in _reaching
 
 
 def _running(mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``mass`` padded to whole groups of GROUP, and the running sums of the groups' sums (``_reaching``)."""
+    """``mass`` padded to whole groups of GROUP (as it is when it has whole groups: no copy), and the running
+    sums of the groups' sums (``_reaching``)."""
     n = mass.size
     if n % GROUP:
         padded = np.zeros(-(-n // GROUP) * GROUP)
@@ -849,24 +837,23 @@ def _running(mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return padded, np.cumsum(padded.reshape(-1, GROUP).sum(axis=1))
 
 
-def _reaching(mass: np.ndarray, target: float, side: str = "left", running=None) -> tuple[int, float]:
-    """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (side "left": is at
-    least it; "right": exceeds it; the last index when none does), and the sum before it. In two levels: sums of
-    groups of GROUP, their running sums (``running``: ``_running(mass)`` where the caller made it), then the
+def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
+    """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (the last index when
+    none does), and the sum before it. In two levels: sums of groups of GROUP, their running sums, then the
     running sums inside the one group that reaches it (NumPy's cumsum over the 16k buckets of a nucleus search
-    cost ~50 us, over a row's 4,748 blocks ~18 us: each addition waits for the one before)."""
+    cost ~50 us: each addition waits for the one before)."""
     n = mass.size
-    padded, groups = running or _running(mass)
-    g = int(np.searchsorted(groups, target, side=side))
+    padded, groups = _running(mass)
+    g = int(np.searchsorted(groups, target, side="left"))
     if g < groups.size:
         before = float(groups[g - 1]) if g else 0.0
         inside = before + np.cumsum(padded[g * GROUP:(g + 1) * GROUP])
-        i = int(np.searchsorted(inside, target, side=side))
+        i = int(np.searchsorted(inside, target, side="left"))
         if i < GROUP and g * GROUP + i < n:
             return g * GROUP + i, float(inside[i - 1]) if i else before
     # no group reaches it, or the group's sum and its running sums rounded apart: all of them in one level
     upto = np.cumsum(mass)
-    j = min(int(np.searchsorted(upto, target, side=side)), n - 1)
+    j = min(int(np.searchsorted(upto, target, side="left")), n - 1)
     return j, float(upto[j - 1]) if j else 0.0
 
 

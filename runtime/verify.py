@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .logits import (RESIDUAL_EPS, Dist, _total, acceptance_probability, draw_weights,  # noqa: F401 (re-exported)
-                     head_first, head_first_lists, inverse_cdf_list, recount)
+                     block_sums, head_first, head_first_lists, inverse_cdf_list)
 
 
 class Uniforms:
@@ -139,7 +139,7 @@ def residual_draw(target: Dist, draft: Dist, u: float) -> int:
         was = weights[ids]
         weights[ids] = ((p_there - overlap) * target.total).astype(np.float32)
         try:
-            blocks = None if target.blocks is None else recount(target.blocks, weights, ids)
+            blocks = block_sums(weights)
             return draw_weights(weights, _total(weights, blocks), u, head, blocks)
         finally:
             weights[ids] = was

@@ -134,10 +134,9 @@ def test_large_nucleus_cuts_ties_by_id(top_p):
 
 def test_the_two_level_search_finds_the_bucket_a_running_sum_reaches():
     """``_reaching`` (group sums, then the running sums inside one group) gives the index and the sum before it
-    that one running sum over all the buckets gives, for either side (the first running sum at least the target,
-    or above it): random masses with empty stretches, a single nonzero bucket, whole groups read reversed,
-    targets of 0, inside the total, at the end of a group, equal to a running sum, and past the total (the last
-    index)."""
+    that one running sum over all the buckets gives: random masses with empty stretches, a single nonzero
+    bucket, whole groups read reversed (as the nucleus search reads its buckets: no padded copy), targets of 0,
+    inside the total, at the end of a group, and past the total (the last index)."""
     rng = np.random.default_rng(8)
     for trial in range(600):
         n = int(rng.integers(1, 20_000))
@@ -153,17 +152,11 @@ def test_the_two_level_search_finds_the_bucket_a_running_sum_reaches():
             n, total = mass.size, mass.sum()
             upto = np.cumsum(mass)
         edge = float(upto[min(n, GROUP) - 1]) * 0.999999
-        targets = [0.0, total * rng.random(), total * 0.9, edge, total * 1.1]
-        if trial % 3 == 0:  # whole numbers: every running sum exact, so a target equal to one is meaningful ("left"
-            mass = np.floor(mass * 4)  # stops there, "right" after it)
-            total, upto = mass.sum(), np.cumsum(mass)
-            targets += [float(upto[min(n, GROUP + 3) - 1]), float(upto[n // 2])]
-        for target in targets:
-            for side in ("left", "right"):
-                j = min(int(np.searchsorted(upto, target, side=side)), n - 1)
-                got, before = _reaching(mass, target, side)
-                assert got == j, (trial, n, target, side)
-                assert abs(before - (float(upto[j - 1]) if j else 0.0)) <= 1e-12 * max(total, 1.0)
+        for target in (0.0, total * rng.random(), total * 0.9, edge, total * 1.1):
+            j = min(int(np.searchsorted(upto, target, side="left")), n - 1)
+            got, before = _reaching(mass, target)
+            assert got == j, (trial, n, target)
+            assert abs(before - (float(upto[j - 1]) if j else 0.0)) <= 1e-12 * max(total, 1.0)
     # a group whose sum (pairwise) reaches the target while its running sums (one by one) never do: 1 + 2**-53
     # rounds back to 1 at each step; the answer is then the one running sum's (here: none reaches it)
     mass = np.zeros(2 * GROUP)
@@ -194,37 +187,38 @@ def test_sample_weights_is_exact_over_blocks_and_tail():
 
 
 def test_draws_over_the_block_sums_a_row_was_made_with_are_the_draws_without_them():
-    """A dense row keeps the block sums its total was made from (``Dist.blocks``); a draw past its head and a
-    residual draw search them, summing again only the blocks the head's or the draft's entries are in (the
-    residual's weights written in place and put back) instead of copying the row and summing all of it again.
-    On rows whose sums are exact in float32 (multiples of 2**-10), so that any order of adding gives the same
-    bits, that is the same token as from the row summed whole for every u: flat and peaked rows, with and
-    without a head, drafts whose residual is 0 on their ids (q >= p there) or on a head id; the row is left as it
-    was. (Where sums round, the two differ in the last bits of a block sum: the draws then differ only for u
-    within ~1e-7 of a boundary; their distribution is checked below.)"""
+    """A dense row keeps the block sums its total was made from (``Dist.blocks``): a draw that sets no head entry
+    aside searches them instead of summing the row again, and a residual draw writes the residual's weights into
+    p's row in place (put back after the draw) instead of copying the row. The same token as from the row
+    summed whole and from a copy, for every u: rows of the pipeline (flat, peaked, tied; a penalty) and rows
+    whose sums are exact (multiples of 2**-10), with and without a head, drafts below p on the heaviest ids and
+    above it on light ones; the row is left as it was, bit for bit."""
     vocab = 151_936
     rng = np.random.default_rng(5)
-    flat = rng.integers(0, 64, vocab).astype(np.float32) / np.float32(1024)
-    peaked = (rng.random(vocab) < 0.01).astype(np.float32) / np.float32(1024)
-    peaked[rng.choice(vocab, 12, replace=False)] = np.float32(1.0)
-    for w in (flat, peaked):
-        kept = w.copy()
-        blocks = block_sums(w)
-        assert float(_total(w, blocks)) == float(w.astype(np.float64).sum())  # (exact: the premise)
-        p = Dist(weights=w, total=_total(w, blocks), blocks=blocks)
-        bare = Dist(weights=w, total=_total(w))  # the same weights, no block sums: summed whole
-        order = np.argsort(-w, kind="stable")
-        heads = (None, order[:63].tolist(), rng.choice(vocab, 40, replace=False).tolist())
-        light = order[-3000:]  # entries of weight <= 1/1024 (or 0): q of 1/60 each is above p there
-        drafts = [Dist(tokens=sorted(rng.choice(light, 60, replace=False).tolist()), plist=[1 / 60] * 60),
-                  Dist(tokens=sorted(light[:5].tolist() + [int(order[0])]), plist=[1 / 6] * 6)]
-        for u in np.concatenate([rng.random(300), [0.0, 0.5, 1.0 - 2.0 ** -53]]):
+    rows = []
+    for kind, settings in (("flat", dict(temperature=0.7)), ("peaked", dict(temperature=1.0)),
+                           ("ties", dict(temperature=1.0, repetition_penalty=1.3))):
+        pipe = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, **settings), vocab)
+        rows.append(pipe.row(rows_of(kind, vocab, 1, seed=11)[0], list(range(0, 3000, 7))))
+    exact = rng.integers(0, 64, vocab).astype(np.float32) / np.float32(1024)
+    exact[rng.choice(vocab, 12, replace=False)] = np.float32(1.0)
+    rows.append(Dist(weights=exact, total=_total(exact), blocks=block_sums(exact)))
+    for p in rows:
+        assert p.blocks is not None and not p.sparse
+        kept = p.weights.copy()
+        bare = Dist(weights=p.weights, total=p.total)  # the same weights, no block sums: summed whole
+        order = np.argsort(-kept, kind="stable")
+        heads = (None, [], order[:63].tolist(), rng.choice(vocab, 40, replace=False).tolist())
+        drafts = [Dist(tokens=sorted(order[:5].tolist()), plist=[0.2] * 5),  # on the heaviest: most of p
+                  Dist(tokens=sorted(rng.choice(order[-3000:], 60, replace=False).tolist()), plist=[1 / 60] * 60),
+                  Dist(tokens=sorted(order[-5:].tolist() + [int(order[0])]), plist=[1 / 6] * 6)]
+        for u in np.concatenate([rng.random(200), [0.0, 0.5, 1.0 - 2.0 ** -53]]):
             for head in heads:
                 p.head, bare.head = head, head
-                assert p.draw(u) == bare.draw(u), (u, head is None)
+                assert p.draw(u) == bare.draw(u), (u, head)
                 for q in drafts:
                     assert verify.residual_draw(p, q, u) == _residual_on_a_copy(bare, q, u), (u, q.tokens[:3])
-        assert np.array_equal(w.view(np.uint32), kept.view(np.uint32))  # put back after each draw
+        assert np.array_equal(p.weights.view(np.uint32), kept.view(np.uint32))  # put back after each draw
 
 
 def test_residual_draws_over_kept_block_sums_follow_the_residual():

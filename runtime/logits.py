@@ -260,18 +260,17 @@ def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | 
         if heavy.size > LEAN_MAX:
             return sample_weights(weights, u, blocks)
         head = heavy.tolist()
-    x, acc, last = u * total, 0.0, -1
-    if head:
-        for i, w in zip(head, weights[head].tolist()):
-            if w > 0.0:
-                acc += w
-                last = i
-                if acc > x:
-                    return i
-    if not total > acc:  # (rounding: the head holds the whole total)
-        return last if last >= 0 else sample_weights(weights, u, None if head else blocks)
     if not head:
         return sample_weights(weights, u, blocks)
+    x, acc, last = u * total, 0.0, -1
+    for i, w in zip(head, weights[head].tolist()):
+        if w > 0.0:
+            acc += w
+            last = i
+            if acc > x:
+                return i
+    if not total > acc:  # (rounding: the head holds the whole total)
+        return last if last >= 0 else sample_weights(weights, u)
     kept = weights[head]  # the rest: the head's weights set to 0 for the draw, then put back (no copy of the row)
     weights[head] = 0
     try:
@@ -825,25 +824,18 @@ class LogitsPipeline:
 GROUP = 128  # buckets per group in _reaching
 
 
-def _running(mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``mass`` padded to whole groups of GROUP (as it is when it has whole groups: no copy), and the running
-    sums of the groups' sums (``_reaching``)."""
-    n = mass.size
-    if n % GROUP:
-        padded = np.zeros(-(-n // GROUP) * GROUP)
-        padded[:n] = mass
-    else:
-        padded = mass
-    return padded, np.cumsum(padded.reshape(-1, GROUP).sum(axis=1))
-
-
 def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
     """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (the last index when
     none does), and the sum before it. In two levels: sums of groups of GROUP, their running sums, then the
     running sums inside the one group that reaches it (NumPy's cumsum over the 16k buckets of a nucleus search
-    cost ~50 us: each addition waits for the one before)."""
+    cost ~50 us: each addition waits for the one before). ``mass`` of whole groups is read as it is (no padded
+    copy)."""
     n = mass.size
-    padded, groups = _running(mass)
+    padded = mass
+    if n % GROUP:
+        padded = np.zeros(-(-n // GROUP) * GROUP)
+        padded[:n] = mass
+    groups = np.cumsum(padded.reshape(-1, GROUP).sum(axis=1))
     g = int(np.searchsorted(groups, target, side="left"))
     if g < groups.size:
         before = float(groups[g - 1]) if g else 0.0

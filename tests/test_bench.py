@@ -169,13 +169,15 @@ def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 
-def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle):
+@pytest.mark.parametrize("first", [[], ["--this-first"]])
+def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle, first):
     """--against loads another release's runtime package beside this one and runs both on every prompt: here this
-    release against itself, so every run gives the same tokens; --only picks settings by name."""
+    release against itself, so every run gives the same tokens (whichever is loaded first); --only picks settings
+    by name."""
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "tools" / "host_share.py"), str(pair_bundle), "--limit", "1",
                            "--max-new-tokens", "6", "--repeat", "2", "--only", "no top-k",
-                           "--against", str(root / "runtime")], capture_output=True, text=True)
+                           "--against", str(root / "runtime"), *first], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.count("->") == 3]  # shares and ms: other -> this
     assert [r.split("  ")[0].strip() for r in rows] == ["temperature 0.7, no top-k", "temperature 1.0, no top-k",

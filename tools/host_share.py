@@ -11,11 +11,15 @@ milliseconds per round.
 
 Comparing two releases: --against loads another release's runtime package (its ``runtime/`` directory, e.g.
 of a ``git worktree add /tmp/prev <commit>``) into the same process and runs the two alternately on every
-prompt (the order rotating), so both see the same machine state; each cell then reads "other -> this", and
+prompt (each first on every other prompt), so both see the same machine state; each cell then reads "other -> this", and
 the last column says whether both gave the same tokens for the same seeds:
 
     git worktree add /tmp/prev HEAD~3
     python tools/host_share.py models/smollm2-135m --against /tmp/prev/runtime --repeat 2 --only "no top-k"
+
+Which release's models are loaded first matters: compared with itself, the release loaded second read 0.1-0.3
+points higher on this machine (host time per round too: where the sessions and objects land in memory), so run
+a comparison both ways (--this-first swaps the order) and read both.
 
 (--only TEXT, repeatable: only the settings whose names contain one of them.)
 """
@@ -39,16 +43,16 @@ SETTINGS = {
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
 
 
-def load_release(path: Path):
-    """Another release's runtime package (a directory holding its ``__init__.py``), imported as
-    ``ortspec_against`` beside this one (its modules import each other relatively)."""
+def load_release(path: Path, name: str = "ortspec_against"):
+    """A release's runtime package (a directory holding its ``__init__.py``), imported as ``name`` beside any
+    other (its modules import each other relatively)."""
     init = path / "__init__.py"
     if not (init.is_file() and (path / "generator.py").is_file()):
         raise ValueError(f"{path} is not a runtime package directory (no __init__.py and generator.py there); "
                          "pass a release's runtime/ directory, e.g. of a git worktree")
-    spec = importlib.util.spec_from_file_location("ortspec_against", init, submodule_search_locations=[str(path)])
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(path)])
     module = importlib.util.module_from_spec(spec)
-    sys.modules["ortspec_against"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -65,6 +69,8 @@ def main() -> int:
                     help="run only the settings whose name contains TEXT (repeatable)")
     ap.add_argument("--against", type=Path, metavar="DIR",
                     help="another release's runtime/ directory: both run in this process, alternating")
+    ap.add_argument("--this-first", action="store_true",
+                    help="with --against: load this release's models first (by default the other's are)")
     args = ap.parse_args()
     if args.limit < 1 or args.max_new_tokens < 1 or args.repeat < 1:
         ap.error("--limit, --max-new-tokens and --repeat must be >= 1")
@@ -86,12 +92,16 @@ def main() -> int:
     releases = {"this": SpeculativeGenerator}
     if args.against is not None:
         try:
-            releases = {"other": load_release(args.against).SpeculativeGenerator, "this": SpeculativeGenerator}
+            # both imported the same way (a copy of this release loaded beside the other, not the one imported
+            # above): a comparison of a release with itself then reads the same on both sides
+            other = load_release(args.against).SpeculativeGenerator
+            this = load_release(Path(sys.modules[SpeculativeGenerator.__module__].__file__).parent, "ortspec_this")
+            releases = {"other": other, "this": this.SpeculativeGenerator}
         except ValueError as exc:
             ap.error(str(exc))
     prompts = [item["prompt"] for item in load_prompts(Path(args.prompts))][:args.limit]
     runs = {}  # (release, "none" | "model") -> generator
-    for rel, cls in releases.items():
+    for rel, cls in sorted(releases.items(), reverse=args.this_first):  # (the sessions made second read higher)
         gen = cls.load(args.bundle, thread_pool="shared")
         runs[rel, "model"], runs[rel, "none"] = gen, gen.sibling("none")
     chat = gen.codec is not None and bool(gen.codec.chat_template)
@@ -106,15 +116,19 @@ def main() -> int:
     else:
         print(f"{'setting':<48}{'target-only':>17}{'speculating':>17}{'host ms/round (spec.)':>23}"
               f"{'same tokens':>13}")
-    keys = list(runs)
+    rels = list(releases)
     for name, settings in settings_run.items():
-        spent = {key: [0.0, 0.0, 0] for key in keys}
+        spent = {key: [0.0, 0.0, 0] for key in runs}
         same = compared = 0
         for rep in range(args.repeat):
             for i, prompt in enumerate(prompts):
-                turn = (i + rep) % len(keys)
+                # the two releases of a kind run back to back, each first on every other prompt, and the kinds
+                # swap places every two prompts: each release meets the same places and predecessors
+                m = rep * len(prompts) + i
+                order = rels if m % 2 == 0 else rels[::-1]
+                kinds = ("none", "model") if m // 2 % 2 == 0 else ("model", "none")
                 tokens = {}
-                for key in keys[turn:] + keys[:turn]:  # every order in turn
+                for key in [(rel, kind) for kind in kinds for rel in order]:
                     out = runs[key].generate(**encode(prompt), max_new_tokens=args.max_new_tokens,
                                              num_draft_tokens=gamma, seed=i, do_sample=True, **settings)
                     s, acc = out.stats, spent[key]

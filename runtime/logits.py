@@ -161,7 +161,8 @@ class Dist:
         row's LAZY_TOP-th largest, largest first (``array_head``, ``top_head``). A draw and a residual draw take
         them first, in that order: they are the entries a pass returns with its rows, so LazyRow knows them
         (and bounds on their weights, or on their probabilities in a top-p nucleus) without the rest of the
-        row, and in a peaked row the first few hold nearly all of its mass. None for other rows."""
+        row, and in a peaked row the first few hold nearly all of its mass. Empty for a wide nucleus (LazyRow draws
+        from none: ``LogitsPipeline.row``). None for other rows."""
         if callable(self.head):
             self.head = self.head()
         return self.head
@@ -699,7 +700,9 @@ class LogitsPipeline:
         total = _total(weights, blocks)
         if cfg.top_p < 1.0:
             got = self._nucleus(weights, total)
-            got.head = head
+            # a wide nucleus (``wide_nucleus``, told from the total: LazyRow draws from none, see _draw_bounds) is
+            # drawn without a head: a dense one in block order over the kept weights, none set aside first
+            got.head = [] if head is not None and cfg.top_p * total > WIDE * LAZY_TOP else head
             return got
         return Dist(weights=weights, total=total, head=head, blocks=blocks)
 
@@ -872,6 +875,9 @@ def thin_head(row, pipe: "LogitsPipeline") -> bool:
     return norm is not None and norm[1] > 2 * (LAZY_TOP - 1)
 
 
+WIDE = 1.01  # a nucleus whose mass (top_p times the total) is above WIDE * LAZY_TOP is wide (wide_nucleus)
+
+
 def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
     """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
     graph's normalizer alone: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP
@@ -886,7 +892,7 @@ def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
     if norm is None or getattr(row, "width", None) != pipe.vocab_size:
         return False
     scale, z_graph, _ = norm
-    return abs(scale * cfg.temperature - 1.0) <= 1e-9 and cfg.top_p * z_graph > 1.01 * LAZY_TOP
+    return abs(scale * cfg.temperature - 1.0) <= 1e-9 and cfg.top_p * z_graph > WIDE * LAZY_TOP
 
 
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
@@ -965,10 +971,15 @@ class LazyRow:
 
     def _draw_bounds(self):
         """The bounds a draw reads (``_bounds``), NEVER where its pipeline's rows have no head (a draw takes them in
-        another order: ``Dist.head_ids``), None where the row gives none."""
+        another order: ``Dist.head_ids``) or its nucleus may be wide by the row's total (``row`` draws those without
+        one), None where the row gives none."""
         if not self.pipe._lazy_rows():
             return self.NEVER
-        return self._bounds()
+        read = self._bounds()
+        top_p = self.pipe.config.top_p
+        if isinstance(read, tuple) and top_p < 1.0 and not top_p * read[4] <= WIDE * LAZY_TOP:
+            return self.NEVER
+        return read
 
     def _lazy_draw(self, u: float) -> int | None:
         read = self._draw_bounds()

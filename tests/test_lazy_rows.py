@@ -14,8 +14,8 @@ import pytest
 
 from ortspec import verify
 from ortspec.config import SamplingConfig, draft_sampling
-from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, Dist, LazyRow, LogitsPipeline, acceptance_probability, array_head,
-                            draw_weights, sample_weights, thin_head, wide_nucleus)
+from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, WIDE, Dist, LazyRow, LogitsPipeline, acceptance_probability,
+                            array_head, draw_weights, sample_weights, thin_head, wide_nucleus)
 from ortspec.export.graph import add_top_outputs
 from stats_util import ALPHA, chi_square_p
 from test_fast_sampling import rows_of
@@ -268,6 +268,42 @@ def test_rows_whose_nucleus_reaches_past_the_entries_read_are_read_whole(norm_gr
             assert fresh.accepts(3, 0.5, u) == full.accepts(3, 0.5, u)
             assert fresh.residual(draft, u) == full.residual(draft, u)
             assert fresh.draw(u) == full.draw(u)
+
+
+class DrawsFromWide(LazyRow):
+    """Wrong on purpose: draws from a wide nucleus's bounds as from any other (the head first)."""
+
+    def _draw_bounds(self):
+        return self._bounds()
+
+
+@pytest.mark.parametrize("vocab", [4096, 20_000])
+@pytest.mark.parametrize("penalty", [1.0, 1.2])
+def test_a_wide_nucleus_is_drawn_without_a_head_by_every_path(norm_graph, vocab, penalty):
+    """A nucleus whose mass is wide by the row's total (top_p times it above WIDE * LAZY_TOP) has an empty head:
+    its draws and residual draws go by id (a sparse nucleus) or in block order over the kept weights (a dense
+    one), whichever path made the row (a host row, a pass's row read whole, a LazyRow that needs the whole row),
+    and LazyRow settles none of them from its bounds. One drawn head first is caught."""
+    cfg = SamplingConfig(do_sample=True, top_k=0, top_p=0.9, temperature=1.0, repetition_penalty=penalty)
+    pipe = _pipeline(cfg, vocab)
+    row = _rows("flat", vocab, 1, seed=6)[0]
+    base = np.argsort(-row)[:3].tolist() if penalty != 1.0 else []
+    fresh = lambda: GraphRow(norm_graph(vocab), row.copy(), LAZY_TOP, 1.0, 32)  # noqa: E731
+    full = pipe.row(row.copy(), base, [])
+    assert full.head_ids() == [] and full.sparse is (vocab == 4096)
+    assert cfg.top_p * fresh().norm()[1] > WIDE * LAZY_TOP
+    plain = Dist(full.ids, full.probs) if full.sparse else Dist(weights=full.weights, total=full.total)
+    draft = Dist(tokens=sorted(np.argsort(-row)[:5].tolist()), plist=[0.2] * 5)
+    wrong = 0
+    for u in np.random.default_rng(1).random(200).tolist():
+        expected = plain.draw(u) if full.sparse else sample_weights(full.weights, u)
+        assert full.draw(u) == expected
+        assert LazyRow(pipe, fresh(), base, []).draw(u) == expected
+        assert pipe.verify_row(fresh(), base, []).draw(u) == expected
+        assert LazyRow(pipe, fresh(), base, []).residual(draft, u) == full.residual(draft, u)
+        assert pipe.lazy_settled == 0
+        wrong += DrawsFromWide(_pipeline(cfg, vocab), fresh(), base, []).draw(u) != expected
+    assert wrong > 0  # negative control: drawn head first where the bounds settle it
 
 
 class ClosedNucleus(LazyRow):

@@ -270,6 +270,7 @@ MICRO_SETTINGS = {
     "top-p 0.9": dict(top_p=0.9),
     "T 0.7 + top-p 0.9": dict(temperature=0.7, top_p=0.9),
     "rep 1.1": dict(repetition_penalty=1.1),
+    "rep 1.1 + top-p 0.9": dict(repetition_penalty=1.1, top_p=0.9),
     "bad words": dict(bad_words_ids=((5,), (7, 9), (11,))),
     "qwen (T0.7 p0.8 k20 rep1.05)": dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05),
 }

@@ -93,7 +93,7 @@ def main() -> int:
     if args.against is not None:
         try:
             # both imported the same way (a copy of this release loaded beside the other, not the one imported
-            # above): a comparison of a release with itself then reads the same on both sides
+            # above): the two sides then differ only in which one's models are loaded first (--this-first)
             other = load_release(args.against).SpeculativeGenerator
             this = load_release(Path(sys.modules[SpeculativeGenerator.__module__].__file__).parent, "ortspec_this")
             releases = {"other": other, "this": this.SpeculativeGenerator}

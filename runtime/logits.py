@@ -702,7 +702,7 @@ class LogitsPipeline:
             got = self._nucleus(weights, total)
             # a wide nucleus (``wide_nucleus``, told from the total: LazyRow draws from none, see _draw_bounds) is
             # drawn without a head: a dense one in block order over the kept weights, none set aside first
-            got.head = [] if head is not None and cfg.top_p * total > WIDE * LAZY_TOP else head
+            got.head = [] if head is not None and _wide(cfg.top_p, total) else head
             return got
         return Dist(weights=weights, total=total, head=head, blocks=blocks)
 
@@ -878,6 +878,12 @@ def thin_head(row, pipe: "LogitsPipeline") -> bool:
 WIDE = 1.01  # a nucleus whose mass (top_p times the total) is above WIDE * LAZY_TOP is wide (wide_nucleus)
 
 
+def _wide(top_p: float, total: float) -> bool:
+    """Whether a nucleus of top_p times a row's total (or a bound on it; weights at most 1) is wide: more mass
+    than the LAZY_TOP entries a pass returns can hold, with WIDE's margin."""
+    return top_p * total > WIDE * LAZY_TOP
+
+
 def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
     """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
     graph's normalizer alone: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP
@@ -892,7 +898,7 @@ def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
     if norm is None or getattr(row, "width", None) != pipe.vocab_size:
         return False
     scale, z_graph, _ = norm
-    return abs(scale * cfg.temperature - 1.0) <= 1e-9 and cfg.top_p * z_graph > WIDE * LAZY_TOP
+    return abs(scale * cfg.temperature - 1.0) <= 1e-9 and _wide(cfg.top_p, z_graph)
 
 
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
@@ -977,7 +983,7 @@ class LazyRow:
             return self.NEVER
         read = self._bounds()
         top_p = self.pipe.config.top_p
-        if isinstance(read, tuple) and top_p < 1.0 and not top_p * read[4] <= WIDE * LAZY_TOP:
+        if isinstance(read, tuple) and top_p < 1.0 and _wide(top_p, read[4]):  # (read[4]: z_hi, finite)
             return self.NEVER
         return read
 

@@ -292,7 +292,7 @@ def test_a_wide_nucleus_is_drawn_without_a_head_by_every_path(norm_graph, vocab,
     full = pipe.row(row.copy(), base, [])
     assert full.head_ids() == [] and full.sparse is (vocab == 4096)
     assert cfg.top_p * fresh().norm()[1] > WIDE * LAZY_TOP
-    plain = Dist(full.ids, full.probs) if full.sparse else Dist(weights=full.weights, total=full.total)
+    plain = Dist(full.ids, full.probs) if full.sparse else None  # (a dense nucleus: sample_weights below)
     draft = Dist(tokens=sorted(np.argsort(-row)[:5].tolist()), plist=[0.2] * 5)
     wrong = 0
     for u in np.random.default_rng(1).random(200).tolist():

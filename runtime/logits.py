@@ -508,6 +508,17 @@ class LogitsPipeline:
         np.multiply(values, theta, out=out, where=values < 0)  # (three NumPy calls: each costs after a pass)
         return out
 
+    def changed_ids(self, base: Sequence[int], new: Sequence[int]) -> tuple:
+        """(the context's distinct ids, the new ones, the banned ones) as sets (empty where no processor reads
+        them): every id the processors may change at this position is in one of them."""
+        seen = fresh = banned = ()
+        if self.config.repetition_penalty != 1.0:
+            self._update_seen(base)
+            seen, fresh = self._seen, {int(t) for t in new}
+        if self.config.bad_words_ids:
+            banned = set(self._banned_list(base, new))
+        return seen, fresh, banned
+
     def _banned_now(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
         return np.asarray(self._banned_list(base, new), dtype=np.int64)
 
@@ -567,7 +578,7 @@ class LogitsPipeline:
         penalized (whose bookkeeping then buys little: a flat row's verdicts are rarely settled, its draws
         seldom), or its top-p nucleus is wide (``wide_nucleus``); else ``row`` (in place: a row is verified
         once)."""
-        if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self) and \
+        if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self, base, new) and \
                 not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
@@ -596,8 +607,8 @@ class LogitsPipeline:
         tok, val, bound = read
         if len(tok) < k:
             return None
-        if not self.processes:
-            kth = val[k - 1]  # no processor moved an entry: they are in the descending order the row gave them
+        if not self.processes or _descending(val):
+            kth = val[k - 1]  # no processor moved an entry out of the descending order the row gave them
             n = k
             while n < len(val) and val[n] >= kth:
                 n += 1
@@ -628,13 +639,20 @@ class LogitsPipeline:
         theta = self.config.repetition_penalty
         if theta != 1.0:
             self._update_seen(base)
-            seen, extra = self._seen, {int(t) for t in new}
-            if dtype == np.float32:  # float32 products and quotients, as NumPy makes them on float32 rows (the
-                t32 = self._theta32  # values read are float32 numbers: rounding them again leaves them as they are)
-                val = array("f", [(v * t32 if v < 0 else v / t32) if t in seen or t in extra else v
-                                  for t, v in zip(tok, val)]).tolist()
-            else:
-                val = [(v * theta if v < 0 else v / theta) if t in seen or t in extra else v for t, v in zip(tok, val)]
+            hits = self._seen.intersection(tok)  # (one C-level pass: most entries read are not in the context)
+            if new:
+                hits.update({int(t) for t in new}.intersection(tok))
+            if hits:
+                val = list(val)  # (the lists read are not changed)
+                one = array("f", [0.0]) if dtype == np.float32 else None
+                for j, t in enumerate(tok):
+                    if t in hits:
+                        v = val[j]
+                        if one is None:
+                            val[j] = v * theta if v < 0 else v / theta
+                        else:  # float32 products and quotients, as NumPy makes them on float32 rows
+                            one[0] = v * self._theta32 if v < 0 else v / self._theta32
+                            val[j] = one[0]
         if self.config.bad_words_ids:
             banned = set(self._banned_list(base, new))
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
@@ -884,21 +902,29 @@ def _wide(top_p: float, total: float) -> bool:
     return top_p * total > WIDE * LAZY_TOP
 
 
-def wide_nucleus(row, pipe: "LogitsPipeline") -> bool:
+def wide_nucleus(row, pipe: "LogitsPipeline", base: Sequence[int] = (), new: Sequence[int] = ()) -> bool:
     """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
-    graph's normalizer alone: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP
-    of the total, and where top_p of the total is more, the nucleus keeps tokens not read. LazyRow could settle
+    graph's normalizer: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP of
+    the total, and where top_p of the total is more, the nucleus keeps tokens not read. LazyRow could settle
     only verdicts on such a row (LazyRow._nucleus), and flat rows like these rarely accept a draft: the residual
-    draw then reads the row whole anyway, so it is read whole at once. Only for rows no processor changes and as
-    wide as the vocabulary (the normalizer is then the host's total, within 1e-5)."""
+    draw then reads the row whole anyway, so it is read whole at once. For rows as wide as the vocabulary (the
+    normalizer is then the host's total, within 1e-5). Where processors change the row (context ``base +
+    new``), they only lower scores (a penalty above 1, bans): every weight of an id they leave alone is at least
+    its raw one (the largest processed score is at most the raw largest), and each one they change loses at most
+    its raw weight, at most 1, so the host's total is at least the normalizer less the number of ids they may
+    change. Which path reads a row never changes what it gives: this only chooses where it is computed."""
     cfg = pipe.config
-    if cfg.top_p >= 1.0 or pipe.processes or not hasattr(row, "norm"):
+    if cfg.top_p >= 1.0 or cfg.repetition_penalty < 1.0 or not hasattr(row, "norm"):
         return False
     norm = row.norm()
     if norm is None or getattr(row, "width", None) != pipe.vocab_size:
         return False
     scale, z_graph, _ = norm
-    return abs(scale * cfg.temperature - 1.0) <= 1e-9 and _wide(cfg.top_p, z_graph)
+    if abs(scale * cfg.temperature - 1.0) > 1e-9 or not _wide(cfg.top_p, z_graph):
+        return False
+    if pipe.processes:
+        z_graph -= sum(map(len, pipe.changed_ids(base, new)))  # (an id in two of the sets counted twice: less)
+    return _wide(cfg.top_p, z_graph)
 
 
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
@@ -1269,16 +1295,7 @@ class LazyRow:
         return raw_sum, change, others * math.exp((bound - m) * inv_t) if others and bound > -math.inf else 0.0
 
     def _changed_ids(self) -> tuple:
-        """(the context's distinct ids, the new ones, the banned ones) as sets (empty where no processor reads
-        them)."""
-        pipe = self.pipe
-        seen = new = banned = ()
-        if pipe.config.repetition_penalty != 1.0:
-            pipe._update_seen(self.base)
-            seen, new = pipe._seen, {int(t) for t in self.new}
-        if pipe.config.bad_words_ids:
-            banned = set(pipe._banned_list(self.base, self.new))
-        return seen, new, banned
+        return self.pipe.changed_ids(self.base, self.new)
 
     def _changed_mass(self, m: float, inv_t: float) -> tuple[float, float]:
         """What the processors change in the normalizer (reference ``m``): the raw terms of the ids they change,

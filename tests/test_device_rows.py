@@ -102,7 +102,8 @@ def _lm(width: int):
 ], ids=["qwen", "top-k 50", "penalty and bans", "top-k 1"])
 def test_device_row_distributions_equal_the_host_rows(config):
     """Rows with planted ties (at the maximum, at the k-th entry, across the bound) and many penalized
-    entries: the distribution from a DeviceRow equals the one from the full host row, bit for bit."""
+    entries (from the context and from the new tokens): the distribution from a DeviceRow equals the one from
+    the full host row, bit for bit."""
     rng = np.random.default_rng(7)
     width, vocab = 3000, 2990  # the graph is wider than the vocabulary, as padded real models are
     rows = rng.normal(0, 2, (6, width)).astype(np.float32)
@@ -115,6 +116,8 @@ def test_device_row_distributions_equal_the_host_rows(config):
     pipe = LogitsPipeline(config, vocab)
     for i in range(len(rows)):
         new = [int(t) for t in rng.integers(0, vocab, i)]
+        if i % 2:  # new tokens among the largest entries (penalized as the context's are)
+            new += [int(t) for t in np.argsort(rows[i, :vocab])[-3:]]
         want = pipe.row(rows[i].copy(), base, new)
         got = pipe.row(device[i], base, new)
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.probs, want.probs), i

@@ -242,9 +242,11 @@ def test_penalized_flat_rows_are_read_whole(norm_graph):
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_rows_whose_nucleus_reaches_past_the_entries_read_are_read_whole(norm_graph, temperature):
     """Top-p without top-k: where the normalizer says the nucleus holds more than the LAZY_TOP entries read
-    (top_p times it above LAZY_TOP), no LazyRow is made (it could settle nothing); a peaked row, a processed one
-    and one whose normalizer is of another temperature still go to LazyRow. Verdicts, residual draws and draws
-    are the whole row's either way."""
+    (top_p times it above LAZY_TOP), no LazyRow is made (it could settle nothing); a peaked row and one whose
+    normalizer is of another temperature still go to LazyRow. A penalized row is wide where the normalizer less
+    the number of ids the penalty may change still is (each loses at most its weight, at most 1): a flat row in a
+    short context is, the same row in a context of enough distinct ids is not, and a penalty below 1 (which
+    raises scores) never is. Verdicts, residual draws and draws are the whole row's either way."""
     vocab = 4096
     cfg = SamplingConfig(do_sample=True, top_k=0, top_p=0.9, temperature=temperature)
     pipe = LogitsPipeline(cfg, vocab)
@@ -260,9 +262,30 @@ def test_rows_whose_nucleus_reaches_past_the_entries_read_are_read_whole(norm_gr
         assert wide_nucleus(graph_row, pipe) is wide
         got = pipe.verify_row(graph_row, [], [])
         assert isinstance(got, LazyRow) is not wide
-        assert not wide_nucleus(graph_row, penalized)
         assert not wide_nucleus(GraphRow(norm_graph(vocab), row, LAZY_TOP, 0.5 / temperature, 32), pipe)
+        # penalized: the row's normalizer less the ids the penalty may change (the context's distinct ids and
+        # the new ones) must still be wide
+        room = int(z_graph - WIDE * LAZY_TOP / cfg.top_p)  # distinct ids that leave a wide row wide
+        short, long = list(range(5)), list(range(room + 1)) * 2
+        assert wide_nucleus(graph_row, penalized, short, [7]) is wide
+        assert not wide_nucleus(graph_row, penalized, long, [7])
+        if wide:
+            assert room > 10 and wide_nucleus(graph_row, penalized, list(range(room - 2)), [room - 3, room + 7])
+            assert not wide_nucleus(graph_row, penalized, list(range(room - 2)), [room + 7, room + 8, room + 9])
+            assert not isinstance(penalized.verify_row(graph_row, short, [7]), LazyRow)
+            assert isinstance(penalized.verify_row(graph_row, long, [7]), LazyRow)
+        raising = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, top_p=0.9, temperature=temperature,
+                                                repetition_penalty=0.9), vocab)
+        assert not wide_nucleus(graph_row, raising, short, [7])
         full = pipe.row(row.copy(), [])
+        for context, new in ((short, [7]), (long, [7])):
+            full_penalized = penalized.row(row.copy(), context, new)
+            for u in (0.05, 0.5, 0.95):
+                fresh = penalized.verify_row(GraphRow(norm_graph(vocab), row.copy(), LAZY_TOP, 1 / temperature, 32),
+                                             context, new)
+                assert fresh.accepts(3, 0.5, u) == full_penalized.accepts(3, 0.5, u)
+                assert fresh.residual(draft, u) == full_penalized.residual(draft, u)
+                assert fresh.draw(u) == full_penalized.draw(u)
         for u in (0.05, 0.5, 0.95):
             fresh = pipe.verify_row(GraphRow(norm_graph(vocab), row.copy(), LAZY_TOP, 1 / temperature, 32), [], [])
             assert fresh.accepts(3, 0.5, u) == full.accepts(3, 0.5, u)

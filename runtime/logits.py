@@ -1210,6 +1210,31 @@ class LazyRow:
             else:  # the changes among the entries read; each other changed id lowers the sum by 0 to its raw term
                 changed_raw, changed, unread = self._changed_read(raw_read, scores, m, inv_t, bound)
                 self._coarse = unread > 0
+        z_bounds = (z_graph, block, width, m, top, inv_t, extra)
+        lo, hi = self._z_bounds(*z_bounds, changed_raw, changed, unread)
+        if not (lo > 0 and math.isfinite(hi)):
+            return None
+        kept = None
+        if pipe.config.top_p < 1.0:
+            order = self._top_p_order(scores, bound)
+            kept = self._nucleus(order, top, inv_t, lo, hi, bound)
+            if kept is None and self._coarse:  # bounds from the exact changes may settle the cut (the entries read
+                self._coarse = False          # and their order stay as they are)
+                changed_raw, changed = self._changed_mass(m, inv_t)
+                lo, hi = self._z_bounds(*z_bounds, changed_raw, changed, 0.0)
+                if not (lo > 0 and math.isfinite(hi)):
+                    return None
+                kept = self._nucleus(order, top, inv_t, lo, hi, bound)
+            if kept is None:
+                return None
+        return scores, top, inv_t, lo, hi, kept, bound
+
+    def _z_bounds(self, z_graph: float, block: int, width: int, m: float, top: float, inv_t: float, extra: float,
+                  changed_raw: float, changed: float, unread: float) -> tuple[float, float]:
+        """Bounds of the host's total from the graph's normalizer ``z_graph`` (reference ``m``, summed in blocks
+        of ``block`` over ``width`` columns): less the columns past the vocabulary (``extra``) and the processors'
+        changes (``changed``, of raw terms ``changed_raw``; ``unread``: at most this much more among ids not read),
+        moved to the host's reference ``top``, with every rounding allowance of the class docstring."""
         u = self.ULP
         delta = ((block - 1) + (-(-width // block) - 1) + 124) * u * 1.01 + width * 2e-16
         slack = 1e-12 * (extra + 2 * changed_raw + unread)
@@ -1217,25 +1242,28 @@ class LazyRow:
         lo = (z_graph / (1 + delta) - extra - changed - unread - slack) * shift * (1 - 1e-12)
         hi = (z_graph / (1 - delta) - extra - changed + slack) * shift * (1 + 1e-12)
         host = self.Z_SLACK + self.W_SLACK + self.W_SLACK_Y * 40 + 32 * u
-        lo, hi = lo * (1 - host) - width * self.TINY, hi * (1 + host) + width * self.TINY
-        if not (lo > 0 and math.isfinite(hi)):
-            return None
-        kept = None
-        if pipe.config.top_p < 1.0:
-            kept = self._nucleus(scores, top, inv_t, lo, hi, bound)
-            if kept is None and self._coarse:  # bounds from the exact changes may settle the cut
-                self._coarse = False
-                return self._from_norm(scale, z_graph, block, exact=True)
-            if kept is None:
-                return None
-        return scores, top, inv_t, lo, hi, kept, bound
+        return lo * (1 - host) - width * self.TINY, hi * (1 + host) + width * self.TINY
 
-    def _nucleus(self, scores: dict, top: float, inv_t: float, z_lo: float, z_hi: float, bound: float):
-        """Top-p over the tokens read: (the kept ones, bounds of the kept weights' sum, True) when the bounds
-        settle the cut among them (the mass before a token, in the top-p order, decidedly below top_p, or the
-        mass through it decidedly at or above). The probability of a kept token is then its weight over that
-        sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the total cancels). Only tokens
-        scoring above ``bound`` are in their final order (a token not read, or penalized, is at most it).
+    def _top_p_order(self, scores: dict, bound: float) -> tuple[list, list, int]:
+        """The tokens read that score above ``bound`` in the top-p order (score, then id): (their scores, their
+        ids, how many)."""
+        values = list(scores.values())
+        if not self.pipe.processes and _descending(values):
+            # the raw entries in the strictly descending order read: already the top-p order
+            toks, n = list(scores), len(values)
+            while n and values[n - 1] <= bound:
+                n -= 1
+            return values, toks, n
+        items = sorted((-v, t) for t, v in scores.items() if v > bound)
+        return [-v for v, _ in items], [t for _, t in items], len(items)
+
+    def _nucleus(self, order: tuple, top: float, inv_t: float, z_lo: float, z_hi: float, bound: float):
+        """Top-p over the tokens read (``order``, as ``_top_p_order`` gives them): (the kept ones, bounds of the
+        kept weights' sum, True) when the bounds settle the cut among them (the mass before a token, in the top-p
+        order, decidedly below top_p, or the mass through it decidedly at or above). The probability of a kept
+        token is then its weight over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the
+        total cancels). Only tokens scoring above ``bound`` are in their final order (a token not read, or
+        penalized, is at most it).
 
         Where the nucleus decidedly reaches past every token read above ``bound``: (those tokens, bounds of
         the kept sum, False). They are all kept, and so is at least one token scoring at most ``bound``; the
@@ -1243,15 +1271,7 @@ class LazyRow:
         lies in [top_p * total, top_p * total + the weight at ``bound``]. A token's p is then its weight over S
         if it is kept and 0 if not: between 0 and its weight over the lower bound of S for tokens outside the
         set (whether they are kept is not known). None where the cut is not settled."""
-        values = list(scores.values())
-        if not self.pipe.processes and _descending(values):
-            # the raw entries in the strictly descending order read: already the top-p order
-            toks, n = list(scores), len(values)
-            while n and values[n - 1] <= bound:
-                n -= 1
-        else:  # the top-p order: score, then id
-            items = sorted((-v, t) for t, v in scores.items() if v > bound)
-            values, toks, n = [-v for v, _ in items], [t for _, t in items], len(items)
+        values, toks, n = order
         rest = self._w_bounds(bound, top, inv_t)[1] if bound > -math.inf else 0.0
         top_p = self.pipe.config.top_p
         w_bounds = self._w_bounds

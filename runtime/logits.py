@@ -644,15 +644,16 @@ class LogitsPipeline:
                 hits.update({int(t) for t in new}.intersection(tok))
             if hits:
                 val = list(val)  # (the lists read are not changed)
+                # float32 rows: float32 products and quotients, as NumPy makes them (rounded through ``one``)
                 one = array("f", [0.0]) if dtype == np.float32 else None
+                by = theta if one is None else self._theta32
                 for j, t in enumerate(tok):
                     if t in hits:
-                        v = val[j]
-                        if one is None:
-                            val[j] = v * theta if v < 0 else v / theta
-                        else:  # float32 products and quotients, as NumPy makes them on float32 rows
-                            one[0] = v * self._theta32 if v < 0 else v / self._theta32
-                            val[j] = one[0]
+                        v = val[j] * by if val[j] < 0 else val[j] / by
+                        if one is not None:
+                            one[0] = v
+                            v = one[0]
+                        val[j] = v
         if self.config.bad_words_ids:
             banned = set(self._banned_list(base, new))
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]

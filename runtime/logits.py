@@ -34,6 +34,7 @@ SPARSE_MAX = 4096     # a nucleus of at most this many tokens is kept as ids + p
 LAZY_TOP = 64         # largest entries a row under settings without truncation brings for verification (LazyRow)
 LEAN_MAX = 256        # a top-k row of at most this many candidates is finished in plain Python (a small Dist)
 NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
+WIDE_ROW_MASS = BLOCK_ROWS * NUCLEUS_PROBES[0]  # a verified top-p row whose nucleus holds more mass is a WideRow
 LOG2_E = 1.4426950408889634  # 1 / ln 2
 HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits name a bucket of the nucleus search
 BUCKETS = 128 * 128   # buckets of weights in [0, 1] (1.0's is 0x3F80), whole groups of GROUP for _reaching
@@ -143,10 +144,11 @@ class Dist:
         """One draw by inverse CDF (one uniform number)."""
         return self.draw(rng.random())
 
-    def draw(self, u: float) -> int:
+    def draw(self, u: float, more=None) -> int:
         """The draw for the uniform number ``u``: inverse CDF over the head (``head_ids``) in its order, then the rest
         of the support: by id (sparse), or in block order (dense: ``draw_weights``); without a head, over ids
-        ascending (sparse) or the heavy weights first (dense)."""
+        ascending (sparse) or the heavy weights first (dense). (``more``, a source of further uniform numbers, is
+        for rows that draw by rejection: ``WideRow``.)"""
         head = self.head_ids()
         if self.tokens is not None:
             tokens, plist = (self.tokens, self.plist) if head is None else head_first_lists(self.tokens, self.plist, head)
@@ -167,7 +169,7 @@ class Dist:
             self.head = self.head()
         return self.head
 
-    def residual(self, draft: "Dist", u: float) -> int:
+    def residual(self, draft: "Dist", u: float, more=None) -> int:
         """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (verify.residual_draw)."""
         from .verify import residual_draw
         return residual_draw(self, draft, u)
@@ -581,7 +583,7 @@ class LogitsPipeline:
         if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self, base, new) and \
                 not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
             return LazyRow(self, logits, base, new)
-        return self.row(logits, base, new, inplace=True)
+        return self.row(logits, base, new, inplace=True, wide_rows=True)
 
     def verify_rows(self, rows, base: Sequence[int], tokens: Sequence[int]):
         """What verification reads of a pass's rows (``verify_dists``' target_dist): row ``i`` (i <= len(tokens))
@@ -660,9 +662,12 @@ class LogitsPipeline:
         return tok, val, float(bound)
 
     # -- warpers (sampling) -----------------------------------------------
-    def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
+    def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False,
+            wide_rows: bool = False) -> Dist:
         """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
-        (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
+        (penalty, banned words) write into ``logits`` instead of a copy: for rows used once. ``wide_rows`` (rows in
+        verification): a top-p row whose nucleus holds more than WIDE_ROW_MASS of its total is a ``WideRow``, whose
+        nucleus is searched only where a verdict or a draw needs it."""
         cfg = self.config
         head = None  # (rows LazyRow may verify: the ids a draw takes first, from the raw row: Dist.head_ids)
         if hasattr(logits, "top"):  # a DeviceRow
@@ -718,6 +723,8 @@ class LogitsPipeline:
         blocks = block_sums(weights)
         total = _total(weights, blocks)
         if cfg.top_p < 1.0:
+            if wide_rows and cfg.top_p * total > WIDE_ROW_MASS and blocks is not None:
+                return WideRow(self, weights, total, blocks, [] if head is not None else None)
             got = self._nucleus(weights, total)
             # a wide nucleus (``wide_nucleus``, told from the total: LazyRow draws from none, see _draw_bounds) is
             # drawn without a head: a dense one in block order over the kept weights, none set aside first
@@ -992,12 +999,12 @@ class LazyRow:
     def sample(self, rng: np.random.Generator) -> int:
         return self.draw(rng.random())
 
-    def draw(self, u: float) -> int:
+    def draw(self, u: float, more=None) -> int:
         """``Dist.draw`` of the row's distribution for ``u``, from the bounds where they settle it."""
         got = self._settle(lambda: self._lazy_draw(u))
         return self.dist().draw(u) if got is None else got
 
-    def residual(self, draft: Dist, u: float) -> int:
+    def residual(self, draft: Dist, u: float, more=None) -> int:
         """``Dist.residual`` of the row's distribution for ``u``, from the bounds where they settle it."""
         got = self._settle(lambda: self._lazy_residual(draft, u) if draft.small else None)
         return self.dist().residual(draft, u) if got is None else got
@@ -1364,6 +1371,191 @@ class LazyRow:
         w = 2.0 ** y if y > -1100 else 0.0
         d = self.W_SLACK + self.W_SLACK_Y * abs(y)
         return max(0.0, w * (1.0 - d) - self.TINY), w * (1.0 + d) + self.TINY
+
+
+class WideRow:
+    """A top-p row in verification whose nucleus is wide (top_p times its total above WIDE_ROW_MASS: thousands of
+    tokens, a flat row), read whole: its weights and total are computed, its nucleus only where needed. Finding
+    the nucleus exactly (``LogitsPipeline._large_nucleus``: a histogram of the row and a sort of one bucket) costs
+    more than the rest of the row; what verification asks of such a row rarely needs it:
+
+    - membership: the weights above the nucleus's cut are all kept, those below it none. A strided sample of the
+      row places the cut between two candidate weights (where the sample's mass from the top reaches top_p -/+
+      BAND of it), and one masked float32 dot product each gives their masses from the top (n terms added in any
+      order: within (n - 1) float32 units of the sum, ``_mass_slack``; 0.9% at 152k entries, inside the band):
+      where the mass from ``t_in`` up is below top_p times the total, every weight >= ``t_in`` is kept; where
+      the mass from ``t_out`` up reaches it, every weight < ``t_out`` is not. Tokens between need the nucleus;
+    - a kept token's probability is its weight over the kept sum S, which lies in [top_p * total, top_p * total
+      + the cut's weight] (the cut's weight below ``t_in``): a verdict settles where the acceptance
+      probabilities of both ends agree about the uniform number;
+    - a draw: rejection sampling. A token is drawn from the whole row by its weight (block order) and kept when
+      it is in the nucleus (decided as above, else from the nucleus): the tokens kept are distributed as the
+      nucleus. A residual draw (max(0, p - q) normalized) keeps a kept token outside q's support at once and
+      one inside with probability (p - q)^+ / p (another uniform number; from the bounds of p where they
+      settle it, else from the exact p). Further uniform numbers come from ``more``; after MAX_TRIALS
+      rejections (or without ``more``) the draw is the exact Dist's inverse CDF, which has the same distribution.
+
+    Every decision made from bounds is the one the exact nucleus gives (margins cover every rounding), so the
+    row's distribution is exactly ``LogitsPipeline.row``'s; only how a uniform number maps to a token differs
+    for draws (exact either way: the statistical tests hold both)."""
+
+    __slots__ = ("pipe", "weights", "total", "blocks", "head", "_dist", "_cut")
+    STRIDE = 16          # the sample: every STRIDE-th weight
+    BAND = 0.02          # the candidate cuts: where the sample's mass from the top reaches top_p -/+ BAND of it
+    S_SLACK = 1e-9       # relative error allowed the exact nucleus's float64 sums
+    MAX_TRIALS = 16
+    P_SLACK = 1e-9
+
+    def __init__(self, pipe: "LogitsPipeline", weights: np.ndarray, total: float, blocks: np.ndarray, head):
+        self.pipe, self.weights, self.total, self.blocks, self.head = pipe, weights, total, blocks, head
+        self._dist: Dist | None = None
+        self._cut = None  # (t_in or None, t_out or None, the kept sum's bounds)
+
+    def dist(self) -> Dist:
+        """The row's distribution as ``LogitsPipeline.row`` gives it (its nucleus found exactly, once)."""
+        if self._dist is None:
+            got = self.pipe._nucleus(self.weights, self.total)
+            got.head = self.head
+            self._dist = got
+        return self._dist
+
+    def prob(self, token: int) -> float:
+        return self.dist().prob(token)
+
+    def head_ids(self):
+        return self.head
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self.draw(rng.random(), rng.random)
+
+    def min_mass(self, other: Dist) -> float:
+        """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are LazyRow.MASS_WIDTH apart or
+        less)."""
+        if self._dist is None and other.small:
+            q_sum = math.fsum(other.plist)
+            lo = hi = 0.0
+            for (a, b), q in zip(self._p_bounds_of(other.tokens), other.plist):
+                lo, hi = lo + min(a, q / q_sum), hi + min(b, q / q_sum)
+            if hi - lo <= LazyRow.MASS_WIDTH:
+                return 0.5 * (lo + hi)
+        return self.dist().min_mass(other)
+
+    def accepts(self, token: int, q: float, u: float) -> bool:
+        if self._dist is None:
+            lo, hi = self._p_bounds(token)
+            a_lo, a_hi = acceptance_probability(lo, q), acceptance_probability(hi, q)
+            if u < a_lo * (1.0 - self.P_SLACK):
+                return True
+            if u >= a_hi * (1.0 + self.P_SLACK):
+                return False
+        return self.dist().accepts(token, q, u)
+
+    def draw(self, u: float, more=None) -> int:
+        if more is None or self._dist is not None:
+            return self.dist().draw(u)
+        for _ in range(self.MAX_TRIALS):
+            x = sample_weights(self.weights, u, self.blocks)
+            if self._kept(x):
+                return x
+            u = more()
+        return self.dist().draw(more())
+
+    def residual(self, draft: Dist, u: float, more=None) -> int:
+        if more is None or self._dist is not None or not draft.small:
+            return self.dist().residual(draft, u)
+        q_sum = math.fsum(draft.plist)
+        q = {t: x / q_sum for t, x in zip(draft.tokens, draft.plist)}  # q normalized, as residual_draw takes it
+        overlap_lo = overlap_hi = 0.0
+        for (a, b), x in zip(self._p_bounds_of(list(q)), q.values()):
+            overlap_lo, overlap_hi = overlap_lo + min(a, x), overlap_hi + min(b, x)
+        if 1.0 - overlap_lo * (1 - 1e-12) <= RESIDUAL_EPS:
+            return self.draw(u, more)  # the residual is noise: p is drawn from (as residual_draw does)
+        if not 1.0 - overlap_hi * (1 + 1e-12) > RESIDUAL_EPS:
+            return self.dist().residual(draft, u)
+        for _ in range(self.MAX_TRIALS):
+            x = sample_weights(self.weights, u, self.blocks)
+            u = None
+            if self._kept(x):
+                qx = q.get(x)
+                if qx is None:
+                    return x
+                v = more()  # kept with probability (p - q)^+ / p = max(0, 1 - q / p)
+                lo, hi = self._p_bounds(x)
+                a_lo = max(0.0, 1.0 - qx / lo) if lo > 0 else 0.0
+                a_hi = max(0.0, 1.0 - qx / hi) if hi > 0 else 0.0
+                if not v < a_lo * (1 - self.P_SLACK) and v < a_hi * (1 + self.P_SLACK) + 1e-15:
+                    p = self.dist().prob(x)  # at the edge: the exact p decides
+                    a_lo = a_hi = max(0.0, 1.0 - qx / p) if p > 0 else 0.0
+                if v < a_lo * (1 - self.P_SLACK) or (a_lo == a_hi and v < a_lo):
+                    return x
+            u = more()
+        return self.dist().residual(draft, more())
+
+    def _bounds(self):
+        """(t_in, t_out, S_lo, S_hi): every weight >= t_in is kept (None: no such bound), every weight < t_out is
+        not, and the kept sum lies in [S_lo, S_hi]."""
+        if self._cut is None:
+            w, top_p = self.weights, self.pipe.config.top_p
+            target = top_p * self.total
+            sample = np.sort(w[::self.STRIDE])[::-1]  # descending
+            mass = np.cumsum(sample, dtype=np.float64)
+            n = sample.size
+            at = np.searchsorted(mass, [(top_p - self.BAND) * mass[-1], (top_p + self.BAND) * mass[-1]])
+            t_hi, t_lo = (float(sample[min(int(i), n - 1)]) for i in at)
+            slack = _mass_slack(w.size)
+            t_in = t_hi if t_hi > 0 and self._mass_from(t_hi) * (1 + slack) < target * (1 - self.S_SLACK) else None
+            t_out = t_lo if self._mass_from(t_lo) * (1 - slack) > target * (1 + self.S_SLACK) else None
+            # the kept sum: at least top_p * total, less than that plus the last kept weight (below t_in)
+            s_hi = (target + (t_in if t_in is not None else 1.0)) * (1 + self.S_SLACK)
+            self._cut = (t_in, t_out, target * (1 - self.S_SLACK), s_hi)
+        return self._cut
+
+    def _mass_from(self, t: float) -> float:
+        """The sum of the weights >= t: a float32 dot product with the mask (BLAS; within ``_mass_slack``)."""
+        w = self.weights
+        keep = np.greater_equal(w, np.float32(t), out=self.pipe.scratch.take(w.size))  # (1.0 / 0.0)
+        return float(np.dot(w, keep))
+
+    def _inside(self, token: int, w: float | None = None) -> bool | None:
+        """Whether ``token`` (of weight ``w``, read here if not given) is in the nucleus, where the bounds tell;
+        None where they do not."""
+        if not 0 <= token < self.weights.size:
+            return False
+        t_in, t_out, _, _ = self._bounds()
+        w = float(self.weights[token]) if w is None else w
+        if t_in is not None and w >= t_in:
+            return True
+        if t_out is not None and w < t_out:
+            return False
+        return None
+
+    def _kept(self, token: int) -> bool:
+        inside = self._inside(token)
+        return self.dist().prob(token) > 0.0 if inside is None else inside
+
+    def _p_bounds(self, token: int) -> tuple[float, float]:
+        return self._p_bounds_of([token])[0]
+
+    def _p_bounds_of(self, tokens: list[int]) -> list[tuple[float, float]]:
+        """Bounds of p(t) for each token: its weight over the kept sum's bounds in the nucleus, 0 outside it, and
+        between 0 and the upper one where membership is not told."""
+        _, _, s_lo, s_hi = self._bounds()
+        vocab = self.weights.size
+        inside_ids = [t for t in tokens if 0 <= t < vocab]
+        weights = dict(zip(inside_ids, self.weights[inside_ids].tolist())) if inside_ids else {}
+        out = []
+        for t in tokens:
+            w = weights.get(t)
+            inside = False if w is None else self._inside(t, w)
+            out.append((0.0, 0.0) if inside is False else ((w / s_hi if inside else 0.0), w / s_lo))
+        return out
+
+
+def _mass_slack(n: int) -> float:
+    """Relative error of a float32 sum of ``n`` non-negative terms, added in any order (a BLAS dot product): at
+    most (n - 1) u / (1 - (n - 1) u), u = 2**-24 (float32's unit roundoff), with a margin."""
+    e = (n - 1) * 2.0 ** -24
+    return 1.01 * e / (1.0 - e) if e < 0.5 else math.inf
 
 
 def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[int], list[float], float]:

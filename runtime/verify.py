@@ -98,8 +98,8 @@ def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], targe
         if min_mass is not None:
             min_mass.append(target.min_mass(draft))
         if not target.accepts(tok, draft.prob(tok), rng.random()):
-            return Verdict(i, target.residual(draft, rng.random()), False)
-    return Verdict(gamma, target_dist(gamma).draw(rng.random()), True)
+            return Verdict(i, target.residual(draft, rng.random(), rng.random), False)
+    return Verdict(gamma, target_dist(gamma).draw(rng.random(), rng.random), True)
 
 
 def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:

@@ -1399,7 +1399,7 @@ class WideRow:
     row's distribution is exactly ``LogitsPipeline.row``'s; only how a uniform number maps to a token differs
     for draws (exact either way: the statistical tests hold both)."""
 
-    __slots__ = ("pipe", "weights", "total", "blocks", "head", "_dist", "_cut")
+    __slots__ = ("pipe", "weights", "total", "blocks", "head", "_dist", "_cut", "_out")
     STRIDE = 16          # the sample: every STRIDE-th weight
     BAND = 0.02          # the candidate cuts: where the sample's mass from the top reaches top_p -/+ BAND of it
     S_SLACK = 1e-9       # relative error allowed the exact nucleus's float64 sums
@@ -1409,7 +1409,8 @@ class WideRow:
     def __init__(self, pipe: "LogitsPipeline", weights: np.ndarray, total: float, blocks: np.ndarray, head):
         self.pipe, self.weights, self.total, self.blocks, self.head = pipe, weights, total, blocks, head
         self._dist: Dist | None = None
-        self._cut = None  # (t_in or None, t_out or None, the kept sum's bounds)
+        self._cut = None  # (t_in or None, the kept sum's bounds)
+        self._out = None  # the candidate bound below the cut, then (it or None,) once its mass is checked
 
     def dist(self) -> Dist:
         """The row's distribution as ``LogitsPipeline.row`` gives it (its nucleus found exactly, once)."""
@@ -1492,23 +1493,32 @@ class WideRow:
         return self.dist().residual(draft, more())
 
     def _bounds(self):
-        """(t_in, t_out, S_lo, S_hi): every weight >= t_in is kept (None: no such bound), every weight < t_out is
-        not, and the kept sum lies in [S_lo, S_hi]."""
+        """(t_in, S_lo, S_hi): every weight >= t_in is kept (None: no such bound), and the kept sum lies in
+        [S_lo, S_hi]. (The bound below the cut, ``_t_out``, is found only where a token under t_in asks.)"""
         if self._cut is None:
             w, top_p = self.weights, self.pipe.config.top_p
             target = top_p * self.total
-            sample = np.sort(w[::self.STRIDE])[::-1]  # descending
-            mass = np.cumsum(sample, dtype=np.float64)
+            sample = np.sort(w[::self.STRIDE])  # ascending: where the mass from the bottom reaches 1 - f of the
+            mass = np.cumsum(sample, dtype=np.float64)  # sample's, the mass from the top is about f of it
             n = sample.size
-            at = np.searchsorted(mass, [(top_p - self.BAND) * mass[-1], (top_p + self.BAND) * mass[-1]])
+            at = np.searchsorted(mass, [(1.0 - top_p + self.BAND) * mass[-1], (1.0 - top_p - self.BAND) * mass[-1]])
             t_hi, t_lo = (float(sample[min(int(i), n - 1)]) for i in at)
-            slack = _mass_slack(w.size)
-            t_in = t_hi if t_hi > 0 and self._mass_from(t_hi) * (1 + slack) < target * (1 - self.S_SLACK) else None
-            t_out = t_lo if self._mass_from(t_lo) * (1 - slack) > target * (1 + self.S_SLACK) else None
+            t_in = t_hi if t_hi > 0 and self._mass_from(t_hi) * (1 + _mass_slack(w.size)) < \
+                target * (1 - self.S_SLACK) else None
             # the kept sum: at least top_p * total, less than that plus the last kept weight (below t_in)
             s_hi = (target + (t_in if t_in is not None else 1.0)) * (1 + self.S_SLACK)
-            self._cut = (t_in, t_out, target * (1 - self.S_SLACK), s_hi)
+            self._cut = (t_in, target * (1 - self.S_SLACK), s_hi)
+            self._out = t_lo  # (the candidate; its mass is checked when first needed)
         return self._cut
+
+    def _t_out(self) -> float | None:
+        """Every weight below it is not kept (None: no such bound)."""
+        self._bounds()  # (sets the candidate)
+        if not isinstance(self._out, tuple):
+            t_lo, target = self._out, self.pipe.config.top_p * self.total
+            ok = self._mass_from(t_lo) * (1 - _mass_slack(self.weights.size)) > target * (1 + self.S_SLACK)
+            self._out = (t_lo if ok else None,)
+        return self._out[0]
 
     def _mass_from(self, t: float) -> float:
         """The sum of the weights >= t: a float32 dot product with the mask (BLAS; within ``_mass_slack``)."""
@@ -1521,10 +1531,11 @@ class WideRow:
         None where they do not."""
         if not 0 <= token < self.weights.size:
             return False
-        t_in, t_out, _, _ = self._bounds()
+        t_in = self._bounds()[0]
         w = float(self.weights[token]) if w is None else w
         if t_in is not None and w >= t_in:
             return True
+        t_out = self._t_out()
         if t_out is not None and w < t_out:
             return False
         return None
@@ -1539,7 +1550,7 @@ class WideRow:
     def _p_bounds_of(self, tokens: list[int]) -> list[tuple[float, float]]:
         """Bounds of p(t) for each token: its weight over the kept sum's bounds in the nucleus, 0 outside it, and
         between 0 and the upper one where membership is not told."""
-        _, _, s_lo, s_hi = self._bounds()
+        _, s_lo, s_hi = self._bounds()
         vocab = self.weights.size
         inside_ids = [t for t in tokens if 0 <= t < vocab]
         weights = dict(zip(inside_ids, self.weights[inside_ids].tolist())) if inside_ids else {}

@@ -395,8 +395,8 @@ def test_wide_rows_decide_as_the_exact_nucleus(temperature, seed):
 
     class NoLastKept(WideRow):
         def _bounds(self):
-            t_in, t_out, s_lo, _ = super()._bounds()
-            return t_in, t_out, s_lo, s_lo
+            t_in, s_lo, _ = super()._bounds()
+            return t_in, s_lo, s_lo
     wrong = NoLastKept(pipe, wide.weights, wide.total, wide.blocks, wide.head)._p_bounds_of(list(range(vocab)))
     assert not all(lo <= probs[t] <= hi for t, (lo, hi) in enumerate(wrong))
 

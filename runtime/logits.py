@@ -1475,7 +1475,6 @@ class WideRow:
             return self.dist().residual(draft, u)
         for _ in range(self.MAX_TRIALS):
             x = sample_weights(self.weights, u, self.blocks)
-            u = None
             if self._kept(x):
                 qx = q.get(x)
                 if qx is None:

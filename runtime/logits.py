@@ -35,6 +35,7 @@ LAZY_TOP = 64         # largest entries a row under settings without truncation 
 LEAN_MAX = 256        # a top-k row of at most this many candidates is finished in plain Python (a small Dist)
 NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
 WIDE_ROW_MASS = BLOCK_ROWS * NUCLEUS_PROBES[0]  # a verified top-p row whose nucleus holds more mass is a WideRow
+THIN_TOTAL = 2 * (LAZY_TOP - 1)  # a dense row of a larger total is thin (Dist._thin): its head holds at most half
 LOG2_E = 1.4426950408889634  # 1 / ln 2
 HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits name a bucket of the nucleus search
 BUCKETS = 128 * 128   # buckets of weights in [0, 1] (1.0's is 0x3F80), whole groups of GROUP for _reaching
@@ -149,6 +150,8 @@ class Dist:
         of the support: by id (sparse), or in block order (dense: ``draw_weights``); without a head, over ids
         ascending (sparse) or the heavy weights first (dense). (``more``, a source of further uniform numbers, is
         for rows that draw by rejection: ``WideRow``.)"""
+        if more is not None and self._thin():
+            return sample_weights(self.weights, u, self.blocks)
         head = self.head_ids()
         if self.tokens is not None:
             tokens, plist = (self.tokens, self.plist) if head is None else head_first_lists(self.tokens, self.plist, head)
@@ -170,9 +173,43 @@ class Dist:
         return self.head
 
     def residual(self, draft: "Dist", u: float, more=None) -> int:
-        """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (verify.residual_draw)."""
+        """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (verify.residual_draw); by rejection
+        where further uniform numbers come (``more``) and the row is thin (``_thin``)."""
         from .verify import residual_draw
+        if more is not None and draft.small and self._thin():
+            return self._thin_residual(draft, u, more)
         return residual_draw(self, draft, u)
+
+    def _thin(self) -> bool:
+        """A dense row whose total is above THIN_TOTAL: its largest LAZY_TOP - 1 weights (each at most 1) hold at
+        most half of it. Given further uniform numbers, such a row is drawn from in block order throughout (no
+        head first: a draw would rarely end in it) and its residual by rejection. A property of the row alone, so
+        LazyRow settles no draw of one from its head (``_draw_bounds``): each row keeps one way from uniform
+        numbers to tokens."""
+        return self.tokens is None and self._ids is None and self.total > THIN_TOTAL
+
+    THIN_TRIALS = 16
+
+    def _thin_residual(self, draft: "Dist", u: float, more) -> int:
+        """normalize(max(0, p - q)) by rejection: a token drawn from p (block order) is kept at once outside q's
+        support and with probability max(0, 1 - q / p) inside it (q normalized, as residual_draw takes it); the
+        tokens kept are distributed as the residual. After THIN_TRIALS rejections, residual_draw with a fresh
+        uniform number (the same distribution)."""
+        from .verify import residual_draw
+        q_sum = math.fsum(draft.plist)
+        q = {t: x / q_sum for t, x in zip(draft.tokens, draft.plist)}
+        w = self.weights
+        ids = [t for t in q if 0 <= t < w.size]
+        p = dict(zip(ids, (w[ids].astype(np.float64) / self.total).tolist())) if ids else {}
+        if 1.0 - math.fsum(min(p.get(t, 0.0), x) for t, x in q.items()) <= RESIDUAL_EPS:
+            return self.draw(u, more)  # the residual is noise: p is drawn from (as residual_draw does)
+        for _ in range(self.THIN_TRIALS):
+            x = sample_weights(w, u, self.blocks)
+            qx = q.get(x)
+            if qx is None or more() < 1.0 - qx / p[x]:
+                return x
+            u = more()
+        return residual_draw(self, draft, more())
 
     def dist(self) -> "Dist":
         return self
@@ -898,7 +935,7 @@ def thin_head(row, pipe: "LogitsPipeline") -> bool:
     if pipe.config.top_p < 1.0:
         return False
     norm = row.norm() if hasattr(row, "norm") else None
-    return norm is not None and norm[1] > 2 * (LAZY_TOP - 1)
+    return norm is not None and norm[1] > THIN_TOTAL
 
 
 WIDE = 1.01  # a nucleus whose mass (top_p times the total) is above WIDE * LAZY_TOP is wide (wide_nucleus)
@@ -1002,23 +1039,24 @@ class LazyRow:
     def draw(self, u: float, more=None) -> int:
         """``Dist.draw`` of the row's distribution for ``u``, from the bounds where they settle it."""
         got = self._settle(lambda: self._lazy_draw(u))
-        return self.dist().draw(u) if got is None else got
+        return self.dist().draw(u, more) if got is None else got
 
     def residual(self, draft: Dist, u: float, more=None) -> int:
         """``Dist.residual`` of the row's distribution for ``u``, from the bounds where they settle it."""
         got = self._settle(lambda: self._lazy_residual(draft, u) if draft.small else None)
-        return self.dist().residual(draft, u) if got is None else got
+        return self.dist().residual(draft, u, more) if got is None else got
 
     def _draw_bounds(self):
         """The bounds a draw reads (``_bounds``), NEVER where its pipeline's rows have no head (a draw takes them in
-        another order: ``Dist.head_ids``) or its nucleus may be wide by the row's total (``row`` draws those without
-        one), None where the row gives none."""
+        another order: ``Dist.head_ids``), its nucleus may be wide by the row's total (``row`` draws those without
+        one) or, without top-p, the row may be thin (``Dist._thin``: drawn without one where verification hands
+        further uniform numbers), None where the row gives none."""
         if not self.pipe._lazy_rows():
             return self.NEVER
         read = self._bounds()
         top_p = self.pipe.config.top_p
-        if isinstance(read, tuple) and top_p < 1.0 and _wide(top_p, read[4]):  # (read[4]: z_hi, finite)
-            return self.NEVER
+        if isinstance(read, tuple) and (_wide(top_p, read[4]) if top_p < 1.0 else read[4] > THIN_TOTAL):
+            return self.NEVER  # (read[4]: the total's upper bound, finite)
         return read
 
     def _lazy_draw(self, u: float) -> int | None:

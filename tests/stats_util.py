@@ -12,6 +12,15 @@ def chi_square_p(counts, probs) -> float:
     return pooled_chi_square(counts, probs)[0]
 
 
+def grouped(counts: np.ndarray, probs: np.ndarray, groups: int = 50, apart=()) -> tuple[np.ndarray, np.ndarray]:
+    """Counts and probabilities summed over groups of the tokens of positive probability, by probability (the
+    tokens ``apart`` a group of their own)."""
+    order = np.argsort(probs, kind="stable")
+    order = order[(probs[order] > 0) & ~np.isin(order, apart)]
+    parts = np.array_split(order, groups) + ([np.asarray(apart)] if len(apart) else [])
+    return np.array([counts[g].sum() for g in parts]), np.array([probs[g].sum() for g in parts])
+
+
 _GENERATORS: dict = {}
 
 

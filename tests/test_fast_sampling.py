@@ -16,7 +16,7 @@ from ortspec import exactness, verify
 from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
 from ortspec.logits import (DRAFT_TAIL, GROUP, LOG2_E, Dist, LogitsPipeline, _reaching, _total, block_sums, draft_pipeline,
                             sample_weights, top_candidates)
-from stats_util import ALPHA, chi_square_p
+from stats_util import ALPHA, chi_square_p, grouped
 
 
 def reference(cfg: SamplingConfig, row: np.ndarray, context: list[int], vocab: int) -> np.ndarray:
@@ -439,20 +439,11 @@ def test_wide_row_draws_by_rejection_follow_the_nucleus_and_the_residual():
     assert drawn[p == 0].sum() == 0 and left[r == 0].sum() == 0
     assert chi_square_p(drawn[p > 0], p[p > 0]) > ALPHA and chi_square_p(left[r > 0], r[r > 0]) > ALPHA
     # (and over 50 groups of tokens of similar probability: a test with power against a tilt by weight)
-    assert chi_square_p(*_grouped(drawn, p)) > ALPHA and chi_square_p(*_grouped(left, r)) > ALPHA
+    assert chi_square_p(*grouped(drawn, p)) > ALPHA and chi_square_p(*grouped(left, r)) > ALPHA
     every = counts(type("KeepsEverything", (_KeepsEverything, WideRow), {}), False, 20_000)
     assert every[p == 0].sum() > 0.05 * 20_000  # tokens outside the nucleus drawn
     with_q = counts(type("IgnoresQ", (_IgnoresQ, WideRow), {}), True, 20_000)
     assert with_q[r == 0].sum() > 0.002 * 20_000  # q's heaviest tokens, where p - q < 0, drawn
-
-
-def _grouped(counts: np.ndarray, probs: np.ndarray, groups: int = 50, apart=()) -> tuple[np.ndarray, np.ndarray]:
-    """Counts and probabilities summed over groups of the tokens of positive probability, by probability (the
-    tokens ``apart`` a group of their own)."""
-    order = np.argsort(probs, kind="stable")
-    order = order[(probs[order] > 0) & ~np.isin(order, apart)]
-    parts = np.array_split(order, groups) + ([np.asarray(apart)] if len(apart) else [])
-    return np.array([counts[g].sum() for g in parts]), np.array([probs[g].sum() for g in parts])
 
 
 def test_wide_target_rows_commit_the_target_distribution():
@@ -465,6 +456,6 @@ def test_wide_target_rows_commit_the_target_distribution():
     p = exact.dense(vocab)
     right = _first_token_counts(row, q, verify.verify_dists, 30_000, vocab)
     assert right[p == 0].sum() == 0
-    assert chi_square_p(*_grouped(right, p, apart=q.tokens)) > ALPHA
+    assert chi_square_p(*grouped(right, p, apart=q.tokens)) > ALPHA
     wrong = _first_token_counts(row, q, exactness.wrong_verify, 30_000, vocab)
-    assert chi_square_p(*_grouped(wrong, p, apart=q.tokens)) < ALPHA
+    assert chi_square_p(*grouped(wrong, p, apart=q.tokens)) < ALPHA

@@ -17,7 +17,7 @@ from ortspec.config import SamplingConfig, draft_sampling
 from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, WIDE, Dist, LazyRow, LogitsPipeline, acceptance_probability,
                             array_head, draw_weights, sample_weights, thin_head, wide_nucleus)
 from ortspec.export.graph import add_top_outputs
-from stats_util import ALPHA, chi_square_p
+from stats_util import ALPHA, chi_square_p, grouped
 from test_fast_sampling import rows_of
 
 
@@ -826,3 +826,61 @@ def test_rows_of_pipelines_without_lazy_rows_are_drawn_from_whole(norm_graph):
         assert LazyRow(pipe, graph_row, base, [7]).draw(u) == full.draw(u)
         assert LazyRow(pipe, graph_row, base, [7]).residual(draft, u) == full.residual(draft, u)
         assert pipe.lazy_settled == settled
+
+
+class SettlesThin(LazyRow):
+    """Wrong on purpose: settles a thin row's draws from its head (the bounds) as any other row's."""
+
+    def _draw_bounds(self):
+        return self._bounds() if self.pipe._lazy_rows() else self.NEVER
+
+
+def test_thin_rows_draw_in_block_order_and_residuals_by_rejection(norm_graph):
+    """A dense row whose total is above THIN_TOTAL (its head holds at most half of it), given further uniform
+    numbers as verification hands them: draws go in block order throughout and residual draws by rejection,
+    whichever path reads the row (a host row, a pass's row, a LazyRow: the LazyRow settles none of them from its
+    head, so every path maps the same uniform numbers to the same tokens). Residual draws follow
+    normalize(max(0, p - q)) (chi-square per token and over 50 groups, 40k; none where p <= q). Without further
+    uniform numbers the draws are the head-first ones as before. Negative controls: keeping q's tokens in a
+    residual draw, and a LazyRow settling draws of a thin row from its head, are both caught."""
+    from ortspec.logits import THIN_TOTAL
+    vocab = 4096
+    cfg = SamplingConfig(do_sample=True, top_k=0, temperature=1.0)
+    pipe = _pipeline(cfg, vocab)
+    row = _rows("flat", vocab, 1, seed=8)[0]
+    fresh = lambda: GraphRow(norm_graph(vocab), row.copy(), LAZY_TOP, 1.0, 32)  # noqa: E731
+    full = pipe.row(row.copy(), [], [])
+    assert full._thin() and full.total > THIN_TOTAL and fresh().norm()[1] > THIN_TOTAL
+    order = np.argsort(-row)
+    draft = Dist(tokens=sorted(order[:40].tolist()), plist=[1 / 40] * 40)
+    p, qd = full.dense(vocab), draft.dense(vocab)
+    r = np.maximum(p - qd, 0.0)
+    r /= r.sum()
+    assert np.any((qd > 0) & (r == 0)) and 0.3 < 1 - full.min_mass(draft) < 0.999
+    wrong = 0
+    for seed in range(100):
+        u = np.random.default_rng(seed).random()
+        more = lambda s=seed: np.random.default_rng([s, 1]).random  # noqa: E731 (the same stream for each path)
+        expected = sample_weights(full.weights, u, full.blocks)
+        assert full.draw(u, more()) == expected
+        assert LazyRow(pipe, fresh(), [], []).draw(u, more()) == expected
+        assert pipe.verify_row(fresh(), [], [], last=True).draw(u, more()) == expected
+        left = full.residual(draft, u, more())
+        assert LazyRow(pipe, fresh(), [], []).residual(draft, u, more()) == left
+        assert pipe.verify_row(fresh(), [], []).residual(draft, u, more()) == left
+        assert full.draw(u) == LazyRow(pipe, fresh(), [], []).draw(u)  # (head first, without more)
+        wrong += SettlesThin(_pipeline(cfg, vocab), fresh(), [], []).draw(u, more()) != expected
+    assert wrong > 0
+    rng = np.random.default_rng(5)
+    counts = np.bincount([full.residual(draft, rng.random(), rng.random) for _ in range(40_000)], minlength=vocab)
+    assert counts[r == 0].sum() == 0
+    assert chi_square_p(counts[r > 0], r[r > 0]) > ALPHA and chi_square_p(*grouped(counts, r)) > ALPHA
+
+    class KeepsQ(Dist):
+        def _thin_residual(self, draft, u, more):
+            return self.draw(u, more)
+    kept_q = KeepsQ(weights=full.weights, total=full.total, blocks=full.blocks)
+    rng = np.random.default_rng(6)
+    wrong_counts = np.bincount([kept_q.residual(draft, rng.random(), rng.random) for _ in range(20_000)],
+                               minlength=vocab)
+    assert wrong_counts[r == 0].sum() > 0.002 * 20_000

@@ -206,7 +206,7 @@ class Dist:
         for _ in range(self.THIN_TRIALS):
             x = sample_weights(w, u, self.blocks)
             qx = q.get(x)
-            if qx is None or more() < 1.0 - qx / p[x]:
+            if qx is None or (p[x] > 0.0 and more() < 1.0 - qx / p[x]):
                 return x
             u = more()
         return residual_draw(self, draft, more())

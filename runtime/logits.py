@@ -180,6 +180,11 @@ class Dist:
             return self._thin_residual(draft, u, more)
         return residual_draw(self, draft, u)
 
+    def normalized(self) -> dict:
+        """A small distribution as {token: probability / their sum} (q as the residual takes it)."""
+        total = math.fsum(self.plist)
+        return {t: x / total for t, x in zip(self.tokens, self.plist)}
+
     def _thin(self) -> bool:
         """A dense row whose total is above THIN_TOTAL: its largest LAZY_TOP - 1 weights (each at most 1) hold at
         most half of it. Given further uniform numbers, such a row is drawn from in block order throughout (no
@@ -196,11 +201,10 @@ class Dist:
         tokens kept are distributed as the residual. After THIN_TRIALS rejections, residual_draw with a fresh
         uniform number (the same distribution)."""
         from .verify import residual_draw
-        q_sum = math.fsum(draft.plist)
-        q = {t: x / q_sum for t, x in zip(draft.tokens, draft.plist)}
+        q = draft.normalized()
         w = self.weights
         ids = [t for t in q if 0 <= t < w.size]
-        p = dict(zip(ids, (w[ids].astype(np.float64) / self.total).tolist())) if ids else {}
+        p = dict(zip(ids, self.probs_of(ids).tolist())) if ids else {}
         if 1.0 - math.fsum(min(p.get(t, 0.0), x) for t, x in q.items()) <= RESIDUAL_EPS:
             return self.draw(u, more)  # the residual is noise: p is drawn from (as residual_draw does)
         for _ in range(self.THIN_TRIALS):
@@ -1471,10 +1475,10 @@ class WideRow:
         """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are LazyRow.MASS_WIDTH apart or
         less)."""
         if self._dist is None and other.small:
-            q_sum = math.fsum(other.plist)
+            q = other.normalized()
             lo = hi = 0.0
-            for (a, b), q in zip(self._p_bounds_of(other.tokens), other.plist):
-                lo, hi = lo + min(a, q / q_sum), hi + min(b, q / q_sum)
+            for (a, b), x in zip(self._p_bounds_of(list(q)), q.values()):
+                lo, hi = lo + min(a, x), hi + min(b, x)
             if hi - lo <= LazyRow.MASS_WIDTH:
                 return 0.5 * (lo + hi)
         return self.dist().min_mass(other)
@@ -1502,8 +1506,7 @@ class WideRow:
     def residual(self, draft: Dist, u: float, more=None) -> int:
         if more is None or self._dist is not None or not draft.small:
             return self.dist().residual(draft, u)
-        q_sum = math.fsum(draft.plist)
-        q = {t: x / q_sum for t, x in zip(draft.tokens, draft.plist)}  # q normalized, as residual_draw takes it
+        q = draft.normalized()
         overlap_lo = overlap_hi = 0.0
         for (a, b), x in zip(self._p_bounds_of(list(q)), q.values()):
             overlap_lo, overlap_hi = overlap_lo + min(a, x), overlap_hi + min(b, x)

@@ -145,8 +145,8 @@ def test_host_cold_tool_times_each_piece_after_a_pass_and_warm(pair_bundle):
 
 
 def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle):
-    """tools/host_share.py decodes each setting target-only and speculating and prints both host shares; a bundle
-    without a draft, and bad counts, are refused."""
+    """tools/host_share.py decodes each setting target-only and speculating and prints both host shares and the
+    speedup; a bundle without a draft, and bad counts, are refused."""
     tool = Path(__file__).resolve().parents[1] / "tools" / "host_share.py"
     proc = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--limit", "2", "--max-new-tokens", "6"],
                           capture_output=True, text=True)
@@ -159,8 +159,9 @@ def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle
     rows = [line for line in proc.stdout.splitlines() if line.count("%") == 2]
     assert [r.split("  ")[0].strip() for r in rows] == list(SETTINGS), proc.stdout
     for r in rows:
-        shares = [float(x) for x in r.replace("%", " ").split()[-3:-1]]
-        assert all(0 < x < 100 for x in shares), r
+        *_, first, second, per_round, speedup = r.replace("%", " ").split()
+        assert all(0 < float(x) < 100 for x in (first, second)) and float(per_round) > 0, r
+        assert speedup.endswith("x") and float(speedup[:-1]) > 0, r
     for args, message in (([str(ids_bundle)], "has no draft model"), ([str(pair_bundle), "--limit", "0"], ">= 1"),
                           ([str(pair_bundle), "--repeat", "0"], ">= 1"),
                           ([str(pair_bundle), "--only", "nothing"], "matches none of the settings"),
@@ -179,12 +180,14 @@ def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle, first
                            "--max-new-tokens", "6", "--repeat", "2", "--only", "no top-k",
                            "--against", str(root / "runtime"), *first], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.count("->") == 3]  # shares and ms: other -> this
+    rows = [line for line in proc.stdout.splitlines() if line.count("->") == 4]  # shares, ms, speedup: other -> this
     assert [r.split("  ")[0].strip() for r in rows] == ["temperature 0.7, no top-k", "temperature 1.0, no top-k",
                                                         "top-p 0.9, no top-k", "repetition penalty 1.1, no top-k"], \
         proc.stdout
     for r in rows:
         assert r.split()[-1] == "4/4" and r.count("%") == 2, r  # 2 passes x (target-only, speculating)
+        other, this = r.split()[-4], r.split()[-2]  # the speedups: "a -> bx"
+        assert float(other) > 0 and this.endswith("x") and float(this[:-1]) > 0, r
 
 
 def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle):

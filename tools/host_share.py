@@ -7,7 +7,9 @@
 For each setting, every dev prompt runs target-only (drafter "none") and with the bundle's draft model, the
 two in alternating order; the share of wall time spent outside onnxruntime's runs (the logits pipeline,
 sampling, verification, the loop, the Python around each pass) is printed for each, with the host
-milliseconds per round.
+milliseconds per round and the speedup (tokens per second speculating over target-only, the same prompts
+and seeds). Read the two together: a change may buy acceptance with host time (a wider draft distribution
+raises the share and the speed), or save host time and lose speed.
 
 Comparing two releases: --against loads another release's runtime package (its ``runtime/`` directory, e.g.
 of a ``git worktree add /tmp/prev <commit>``) into the same process and runs the two alternately on every
@@ -112,13 +114,13 @@ def main() -> int:
           f"{f' x {args.repeat} passes' if args.repeat > 1 else ''}, speculating with gamma {gamma}"
           + (f"; {args.against} -> this release, alternating" if args.against is not None else ""))
     if args.against is None:
-        print(f"{'setting':<48}{'target-only':>14}{'speculating':>14}{'host ms/round (spec.)':>23}")
+        print(f"{'setting':<48}{'target-only':>14}{'speculating':>14}{'host ms/round (spec.)':>23}{'speedup':>11}")
     else:
         print(f"{'setting':<48}{'target-only':>17}{'speculating':>17}{'host ms/round (spec.)':>23}"
-              f"{'same tokens':>13}")
+              f"{'speedup':>16}{'same tokens':>13}")
     rels = list(releases)
     for name, settings in settings_run.items():
-        spent = {key: [0.0, 0.0, 0] for key in runs}
+        spent = {key: [0.0, 0.0, 0, 0] for key in runs}  # host s, total s, rounds, tokens
         same = compared = 0
         for rep in range(args.repeat):
             for i, prompt in enumerate(prompts):
@@ -135,6 +137,7 @@ def main() -> int:
                     acc[0] += s.overhead_time_s
                     acc[1] += s.total_time_s
                     acc[2] += s.rounds
+                    acc[3] += len(out.token_ids)
                     tokens[key] = out.token_ids
                 if len(releases) > 1:
                     for kind in ("none", "model"):
@@ -142,13 +145,16 @@ def main() -> int:
                         same += tokens["other", kind] == tokens["this", kind]
         share = {k: 100 * v[0] / v[1] for k, v in spent.items()}
         per_round = {k: 1000 * v[0] / max(v[2], 1) for k, v in spent.items()}
+        speed = {k: v[3] / v[1] for k, v in spent.items()}  # tokens per second
+        speedup = {rel: speed[rel, "model"] / speed[rel, "none"] for rel in rels}
         if args.against is None:
             print(f"{name:<48}{share['this', 'none']:>13.2f}%{share['this', 'model']:>13.2f}%"
-                  f"{per_round['this', 'model']:>23.3f}", flush=True)
+                  f"{per_round['this', 'model']:>23.3f}{speedup['this']:>10.2f}x", flush=True)
             continue
         cells = [f"{share['other', kind]:.2f} -> {share['this', kind]:.2f}%" for kind in ("none", "model")]
         ms = f"{per_round['other', 'model']:.3f} -> {per_round['this', 'model']:.3f}"
-        print(f"{name:<48}{cells[0]:>17}{cells[1]:>17}{ms:>23}{f'{same}/{compared}':>13}", flush=True)
+        up = f"{speedup['other']:.2f} -> {speedup['this']:.2f}x"
+        print(f"{name:<48}{cells[0]:>17}{cells[1]:>17}{ms:>23}{up:>16}{f'{same}/{compared}':>13}", flush=True)
     return 0
 
 

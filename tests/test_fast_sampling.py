@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ortspec import exactness, verify
-from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
+from ortspec.config import DRAFT_TOP_K, DRAFT_WIDE_TOP_K, SamplingConfig, draft_sampling
 from ortspec.logits import (DRAFT_TAIL, GROUP, LOG2_E, Dist, LogitsPipeline, _reaching, _total, block_sums, draft_pipeline,
                             sample_weights, top_candidates)
 from stats_util import ALPHA, chi_square_p, grouped
@@ -280,8 +280,24 @@ def dense_pair():
     cfg = SamplingConfig(do_sample=True, temperature=1.0)
     p = LogitsPipeline(cfg, vocab).row(target_row, [])
     q = LogitsPipeline(draft_sampling(cfg), vocab).row(draft_row, [])
-    assert not p.sparse and q.sparse and q.ids.size == DRAFT_TOP_K
+    assert not p.sparse and q.sparse and q.ids.size == DRAFT_WIDE_TOP_K  # (no top-p: the wide draft)
     return p, q, vocab
+
+
+def test_the_draft_reads_wider_where_the_target_has_no_top_p():
+    """The draft's top-k: the target's where it is smaller, else DRAFT_TOP_K under a top-p nucleus and
+    DRAFT_WIDE_TOP_K without one (p then reaches past any draft's top 64); the other settings pass through."""
+    def cap(**kw):
+        return draft_sampling(SamplingConfig(do_sample=True, **kw)).top_k
+    assert DRAFT_TOP_K < DRAFT_WIDE_TOP_K
+    assert cap() == cap(top_k=0, repetition_penalty=1.1) == cap(top_k=100_000) == DRAFT_WIDE_TOP_K
+    assert cap(top_k=100) == 100 and cap(top_k=20) == 20 and cap(top_k=20, top_p=0.8) == 20
+    assert cap(top_p=0.9) == cap(top_k=100, top_p=0.9) == DRAFT_TOP_K
+    for policy in ("match", "temperature"):
+        d = draft_sampling(SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9, repetition_penalty=1.05),
+                           policy)
+        assert (d.top_k, d.temperature, d.repetition_penalty) == (DRAFT_TOP_K, 0.7, 1.05)
+        assert d.top_p == (0.9 if policy == "match" else 1.0)
 
 
 def test_dense_target_sparse_draft_commits_the_target_distribution(dense_pair):
@@ -327,7 +343,7 @@ def test_a_truncated_draft_still_commits_the_target_distribution():
     draft_row = target_row + np.random.default_rng(9).standard_normal(vocab).astype(np.float32)
     p = LogitsPipeline(cfg, vocab).row(target_row, [])
     q = draft_pipeline(cfg, vocab).row(draft_row, [])
-    assert q.small and len(q.tokens) < DRAFT_TOP_K
+    assert q.small and len(q.tokens) < DRAFT_WIDE_TOP_K  # (the wide draft's cap: the target has no top-p)
     counts = _first_token_counts(p, q, verify.verify_dists, 60_000, vocab, seed=3)
     assert chi_square_p(counts, p.dense(vocab)) > ALPHA
     wrong = _first_token_counts(p, q, exactness.wrong_verify, 60_000, vocab, seed=3)  # negative control

@@ -56,7 +56,7 @@ DRAFT_TOP_K = 64  # the draft samples from at most this many tokens ...
 # ... or this many where the target has no top-p: p then reaches past any draft's top 64 (over the whole
 # vocabulary without a top-k), and on a close draft q's cut was most of what acceptance lost (SmolLM2 pair, no
 # top-k: sum min(p, q) 0.91 -> 0.94 at temperature 1.0, 0.81 -> 0.86 with penalty 1.1; under a top-p nucleus a
-# wider q gained nothing and cost ~1 us per entry read after each draft pass)
+# wider q gained nothing and cost ~1 us per candidate of a flat row, right after each draft pass)
 DRAFT_WIDE_TOP_K = 128
 DRAFT_SAMPLING = ("match", "temperature")
 

@@ -66,13 +66,18 @@ def draft_sampling(target: SamplingConfig, policy: str = "match") -> SamplingCon
     distribution q each draft token was drawn from; it only moves acceptance (sum_x min(p, q)) and cost.
 
     "match": the target's own settings, with top-k capped at DRAFT_TOP_K (so q lives on a few ids and is cheap
-    to compute, sample and compare), at DRAFT_WIDE_TOP_K where the target has no top-p. "temperature": the
-    target's temperature, penalty and banned words, that top-k, no top-p.
+    to compute, sample and compare), at DRAFT_WIDE_TOP_K where the target has no top-p, and none at all where
+    the target keeps its whole vocabulary under a repetition penalty (no top-k, no top-p): the penalty pushes
+    the context's tokens down and spreads p into the long tail, past any top-k of q (SmolLM2 pair, penalty
+    1.1: sum min(p, q) 0.81 at 64, 0.86 at 128, 0.90 at 256, 0.97 untruncated; 75 -> 95 tokens/s from 128).
+    "temperature": the target's temperature, penalty and banned words, that top-k, no top-p.
     """
     if policy not in DRAFT_SAMPLING:
         raise ValueError(f"draft sampling policy must be one of {', '.join(DRAFT_SAMPLING)}, got {policy!r}")
     cap = DRAFT_WIDE_TOP_K if target.top_p >= 1.0 else DRAFT_TOP_K
     top_k = min(target.top_k or cap, cap)
+    if not target.top_k and target.top_p >= 1.0 and target.repetition_penalty != 1.0:
+        top_k = 0  # untruncated: a dense q
     top_p = target.top_p if policy == "match" else 1.0
     return SamplingConfig(target.do_sample, target.temperature, top_k, top_p, target.repetition_penalty,
                           target.bad_words_ids)

@@ -286,18 +286,22 @@ def dense_pair():
 
 def test_the_draft_reads_wider_where_the_target_has_no_top_p():
     """The draft's top-k: the target's where it is smaller, else DRAFT_TOP_K under a top-p nucleus and
-    DRAFT_WIDE_TOP_K without one (p then reaches past any draft's top 64); the other settings pass through."""
+    DRAFT_WIDE_TOP_K without one (p then reaches past any draft's top 64), and none (a dense q) where the target
+    keeps its whole vocabulary under a repetition penalty; the other settings pass through."""
     def cap(**kw):
         return draft_sampling(SamplingConfig(do_sample=True, **kw)).top_k
     assert DRAFT_TOP_K < DRAFT_WIDE_TOP_K
-    assert cap() == cap(top_k=0, repetition_penalty=1.1) == cap(top_k=100_000) == DRAFT_WIDE_TOP_K
+    assert cap() == cap(top_k=0) == cap(top_k=100_000) == DRAFT_WIDE_TOP_K
     assert cap(top_k=100) == 100 and cap(top_k=20) == 20 and cap(top_k=20, top_p=0.8) == 20
-    assert cap(top_p=0.9) == cap(top_k=100, top_p=0.9) == DRAFT_TOP_K
+    assert cap(top_p=0.9) == cap(top_k=100, top_p=0.9) == cap(top_p=0.9, repetition_penalty=1.1) == DRAFT_TOP_K
+    assert cap(repetition_penalty=1.1) == cap(repetition_penalty=0.9, temperature=0.7) == 0
+    assert cap(repetition_penalty=1.1, top_k=100) == 100
     for policy in ("match", "temperature"):
         d = draft_sampling(SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9, repetition_penalty=1.05),
                            policy)
         assert (d.top_k, d.temperature, d.repetition_penalty) == (DRAFT_TOP_K, 0.7, 1.05)
         assert d.top_p == (0.9 if policy == "match" else 1.0)
+        assert draft_sampling(SamplingConfig(do_sample=True, repetition_penalty=1.1), policy).top_k == 0
 
 
 def test_dense_target_sparse_draft_commits_the_target_distribution(dense_pair):

@@ -6,6 +6,7 @@ put into) that the same check catches. A large-sample test checks the first comm
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from ortspec import verify
-from ortspec.config import SamplingConfig, draft_sampling
+from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
 from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, WIDE, Dist, LazyRow, LogitsPipeline, acceptance_probability,
                             array_head, draw_weights, sample_weights, thin_head, wide_nucleus)
 from ortspec.export.graph import add_top_outputs
@@ -180,7 +181,8 @@ def test_negative_control_a_normalizer_without_the_penalty_is_caught(norm_graph)
 def test_min_mass_from_the_bounds_is_close(norm_graph):
     vocab = 20_000
     cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.7, repetition_penalty=1.1)
-    pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(draft_sampling(cfg), vocab)
+    # (a small q, as a draft's top-k makes it: the draft of these settings itself samples untruncated)
+    pipe, draft_pipe = LogitsPipeline(cfg, vocab), LogitsPipeline(replace(cfg, top_k=DRAFT_TOP_K), vocab)
     for r, row in enumerate(_rows("peaked", vocab, 4, seed=11)):
         base = _context(row, vocab, r)
         q = draft_pipe.row(row + np.random.default_rng(r).standard_normal(vocab).astype(np.float32), base)

@@ -52,11 +52,11 @@ def resolve_sampling(defaults: dict, **given) -> dict:
     return {k: given[k] if given.get(k) is not None else defaults.get(k, v) for k, v in SAMPLING_FALLBACK.items()}
 
 
-DRAFT_TOP_K = 64  # the draft samples from at most this many tokens ...
-# ... or this many where the target has no top-p: p then reaches past any draft's top 64 (over the whole
-# vocabulary without a top-k), and on a close draft q's cut was most of what acceptance lost (SmolLM2 pair, no
-# top-k: sum min(p, q) 0.91 -> 0.94 at temperature 1.0, 0.81 -> 0.86 with penalty 1.1; under a top-p nucleus a
-# wider q gained nothing and cost ~1 us per candidate of a flat row, right after each draft pass)
+DRAFT_TOP_K = 64  # the draft samples from at most this many tokens under a target's top-p nucleus
+# Without top-p, p reaches past any draft's top 64 (over the whole vocabulary without a top-k), and on a close
+# draft q's cut was most of what acceptance lost (SmolLM2 pair, no top-k: sum min(p, q) 0.91 -> 0.94 at
+# temperature 1.0; under a top-p nucleus a wider q gained nothing and cost ~1 us per candidate of a flat row,
+# right after each draft pass)
 DRAFT_WIDE_TOP_K = 128
 DRAFT_SAMPLING = ("match", "temperature")
 
@@ -74,10 +74,12 @@ def draft_sampling(target: SamplingConfig, policy: str = "match") -> SamplingCon
     """
     if policy not in DRAFT_SAMPLING:
         raise ValueError(f"draft sampling policy must be one of {', '.join(DRAFT_SAMPLING)}, got {policy!r}")
-    cap = DRAFT_WIDE_TOP_K if target.top_p >= 1.0 else DRAFT_TOP_K
-    top_k = min(target.top_k or cap, cap)
-    if not target.top_k and target.top_p >= 1.0 and target.repetition_penalty != 1.0:
-        top_k = 0  # untruncated: a dense q
+    if target.top_p < 1.0:
+        top_k = min(target.top_k or DRAFT_TOP_K, DRAFT_TOP_K)
+    elif target.top_k or target.repetition_penalty == 1.0:
+        top_k = min(target.top_k or DRAFT_WIDE_TOP_K, DRAFT_WIDE_TOP_K)
+    else:
+        top_k = 0  # p keeps the whole vocabulary under a penalty: untruncated, a dense q
     top_p = target.top_p if policy == "match" else 1.0
     return SamplingConfig(target.do_sample, target.temperature, top_k, top_p, target.repetition_penalty,
                           target.bad_words_ids)

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from ortspec.config import SAMPLING_FALLBACK
+
 
 def _bench(bundle: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     prompts = tmp_path / "p.jsonl"
@@ -158,6 +160,8 @@ def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle
         sys.path.pop(0)
     rows = [line for line in proc.stdout.splitlines() if line.count("%") == 2]
     assert [r.split("  ")[0].strip() for r in rows] == list(SETTINGS), proc.stdout
+    # every knob set: a bundle's generation config (which the API falls back to) cannot change a row's meaning
+    assert all(set(s) == set(SAMPLING_FALLBACK) - {"do_sample"} for s in SETTINGS.values())
     for r in rows:
         *_, first, second, per_round, speedup = r.replace("%", " ").split()
         assert all(0 < float(x) < 100 for x in (first, second)) and float(per_round) > 0, r

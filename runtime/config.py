@@ -58,10 +58,17 @@ DRAFT_TOP_K = 64  # the draft samples from at most this many tokens under a targ
 # temperature 1.0; under a top-p nucleus a wider q gained nothing and cost ~1 us per candidate of a flat row,
 # right after each draft pass)
 DRAFT_WIDE_TOP_K = 128
+# Under a penalty without top-k or top-p, an untruncated q costs an exponential per vocabulary entry per draft
+# row, and the residual of a rejection is taken over whole rows: above DENSE_DRAFT_VOCAB entries (151,936 for
+# Qwen2.5) that took the host math of a round to 1.2-2.3 ms (``bench --micro``, warm), and the draft reads
+# DRAFT_WIDE_TOP_K candidates instead (Qwen2.5 pair, penalty 1.1, 6 dev prompts x 48 tokens: sum min(p, q)
+# 0.829 at 64, 0.836-0.861 at 128, 0.860 untruncated; tokens per round 3.16 / 3.56 / 3.56). More than
+# DRAFT_WIDE_TOP_K would not come from the graph's top entries: the whole row would be read again.
+DENSE_DRAFT_VOCAB = 65_536
 DRAFT_SAMPLING = ("match", "temperature")
 
 
-def draft_sampling(target: SamplingConfig, policy: str = "match") -> SamplingConfig:
+def draft_sampling(target: SamplingConfig, policy: str = "match", vocab_size: int | None = None) -> SamplingConfig:
     """What the draft samples from. Any choice keeps the output exact, because the verifier sees the very
     distribution q each draft token was drawn from; it only moves acceptance (sum_x min(p, q)) and cost.
 
@@ -69,7 +76,8 @@ def draft_sampling(target: SamplingConfig, policy: str = "match") -> SamplingCon
     to compute, sample and compare), at DRAFT_WIDE_TOP_K where the target has no top-p, and none at all where
     the target keeps its whole vocabulary under a repetition penalty (no top-k, no top-p): the penalty pushes
     the context's tokens down and spreads p into the long tail, past any top-k of q (SmolLM2 pair, penalty
-    1.1: sum min(p, q) 0.81 at 64, 0.86 at 128, 0.90 at 256, 0.97 untruncated; 75 -> 95 tokens/s from 128).
+    1.1: sum min(p, q) 0.81 at 64, 0.86 at 128, 0.90 at 256, 0.97 untruncated; 75 -> 95 tokens/s from 128),
+    on a ``vocab_size`` up to DENSE_DRAFT_VOCAB; above it DRAFT_WIDE_TOP_K (``vocab_size`` None: untruncated).
     "temperature": the target's temperature, penalty and banned words, that top-k, no top-p.
     """
     if policy not in DRAFT_SAMPLING:
@@ -78,8 +86,10 @@ def draft_sampling(target: SamplingConfig, policy: str = "match") -> SamplingCon
         top_k = min(target.top_k or DRAFT_TOP_K, DRAFT_TOP_K)
     elif target.top_k or target.repetition_penalty == 1.0:
         top_k = min(target.top_k or DRAFT_WIDE_TOP_K, DRAFT_WIDE_TOP_K)
-    else:
+    elif vocab_size is None or vocab_size <= DENSE_DRAFT_VOCAB:
         top_k = 0  # p keeps the whole vocabulary under a penalty: untruncated, a dense q
+    else:
+        top_k = DRAFT_WIDE_TOP_K  # (a dense q this wide costs more host time than it gains acceptance)
     top_p = target.top_p if policy == "match" else 1.0
     return SamplingConfig(target.do_sample, target.temperature, top_k, top_p, target.repetition_penalty,
                           target.bad_words_ids)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ortspec import exactness, verify
-from ortspec.config import DRAFT_TOP_K, DRAFT_WIDE_TOP_K, SamplingConfig, draft_sampling
+from ortspec.config import DENSE_DRAFT_VOCAB, DRAFT_TOP_K, DRAFT_WIDE_TOP_K, SamplingConfig, draft_sampling
 from ortspec.logits import (DRAFT_TAIL, GROUP, LOG2_E, Dist, LogitsPipeline, _reaching, _total, block_sums, draft_pipeline,
                             sample_weights, top_candidates)
 from stats_util import ALPHA, chi_square_p, grouped
@@ -287,7 +287,8 @@ def dense_pair():
 def test_the_draft_reads_wider_where_the_target_has_no_top_p():
     """The draft's top-k: the target's where it is smaller, else DRAFT_TOP_K under a top-p nucleus and
     DRAFT_WIDE_TOP_K without one (p then reaches past any draft's top 64), and none (a dense q) where the target
-    keeps its whole vocabulary under a repetition penalty; the other settings pass through."""
+    keeps its whole vocabulary under a repetition penalty (DRAFT_WIDE_TOP_K again on a vocabulary above
+    DENSE_DRAFT_VOCAB); the other settings pass through."""
     def cap(**kw):
         return draft_sampling(SamplingConfig(do_sample=True, **kw)).top_k
     assert DRAFT_TOP_K < DRAFT_WIDE_TOP_K
@@ -296,6 +297,14 @@ def test_the_draft_reads_wider_where_the_target_has_no_top_p():
     assert cap(top_p=0.9) == cap(top_k=100, top_p=0.9) == cap(top_p=0.9, repetition_penalty=1.1) == DRAFT_TOP_K
     assert cap(repetition_penalty=1.1) == cap(repetition_penalty=0.9, temperature=0.7) == 0
     assert cap(repetition_penalty=1.1, top_k=100) == 100
+    # the untruncated q only on vocabularies where a whole row is cheap; above that the wide top-k
+    penalized = SamplingConfig(do_sample=True, repetition_penalty=1.1)
+    assert draft_sampling(penalized, vocab_size=49_152).top_k == draft_sampling(penalized, vocab_size=16).top_k == 0
+    assert draft_sampling(penalized, vocab_size=DENSE_DRAFT_VOCAB).top_k == 0
+    assert draft_sampling(penalized, vocab_size=151_936).top_k == DRAFT_WIDE_TOP_K
+    assert draft_pipeline(penalized, 151_936).config.top_k == DRAFT_WIDE_TOP_K
+    assert draft_pipeline(penalized, 49_152).config.top_k == 0
+    assert draft_sampling(SamplingConfig(do_sample=True, top_p=0.9), vocab_size=151_936).top_k == DRAFT_TOP_K
     for policy in ("match", "temperature"):
         d = draft_sampling(SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9, repetition_penalty=1.05),
                            policy)

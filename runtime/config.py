@@ -60,7 +60,7 @@ DRAFT_TOP_K = 64  # the draft samples from at most this many tokens under a targ
 DRAFT_WIDE_TOP_K = 128
 # Under a penalty without top-k or top-p, an untruncated q costs an exponential per vocabulary entry per draft
 # row, and the residual of a rejection is taken over whole rows: above DENSE_DRAFT_VOCAB entries (151,936 for
-# Qwen2.5) that took the host math of a round to 1.2-2.3 ms (``bench --micro``, warm), and the draft reads
+# Qwen2.5) that took the host math of a round to 1.0-2.3 ms (``bench --micro``, warm), and the draft reads
 # DRAFT_WIDE_TOP_K candidates instead (Qwen2.5 pair, penalty 1.1, 6 dev prompts x 48 tokens: sum min(p, q)
 # 0.829 at 64, 0.836-0.861 at 128, 0.860 untruncated; tokens per round 3.16 / 3.56 / 3.56). More than
 # DRAFT_WIDE_TOP_K would not come from the graph's top entries: the whole row would be read again.

@@ -924,12 +924,11 @@ DRAFT_TAIL = 1e-3  # the lightest draft candidates, holding together at most thi
 
 def draft_pipeline(config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None,
                    policy: str = "match") -> LogitsPipeline:
-    """The pipeline a draft model samples with for a request under ``config``: ``config.draft_sampling``'s
-    settings (top-k at most DRAFT_TOP_K, DRAFT_WIDE_TOP_K without top-p, none for a penalized target that keeps
-    its whole vocabulary, unless that vocabulary is large: DRAFT_WIDE_TOP_K), a top-k q's lightest candidates
-    left out (at most DRAFT_TAIL of q: acceptance, sum_x min(p, q), moves by at most that much; most of a peaked
-    row's candidates are never exponentiated, sorted or compared). Exact either way: the verifier sees the q each
-    draft token was drawn from."""
+    """The pipeline a draft model samples with for a request under ``config``: the settings
+    ``config.draft_sampling`` chooses for this vocabulary (its width rules are stated there), a top-k q's
+    lightest candidates left out (at most DRAFT_TAIL of q: acceptance, sum_x min(p, q), moves by at most that
+    much; most of a peaked row's candidates are never exponentiated, sorted or compared). Exact either way: the
+    verifier sees the q each draft token was drawn from."""
     return LogitsPipeline(draft_sampling(config, policy, vocab_size), vocab_size, scratch, tail=DRAFT_TAIL)
 
 

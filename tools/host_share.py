@@ -32,18 +32,18 @@ import importlib.util
 from pathlib import Path
 import sys
 
-# Every setting names all four knobs, so a bundle's own generation config (Qwen2.5's top-p 0.8, say) never
-# fills in one a setting leaves out: each row means the same on every bundle.
+# Every setting names all four knobs (those it does not change at their neutral values), so a bundle's own
+# generation config (Qwen2.5's top-p 0.8, say) never fills one in: each row means the same on every bundle.
+NEUTRAL = dict(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
 SETTINGS = {
-    "Qwen2.5 (T 0.7, top-p 0.8, top-k 20, rep 1.05)": dict(temperature=0.7, top_p=0.8, top_k=20,
+    "Qwen2.5 (T 0.7, top-p 0.8, top-k 20, rep 1.05)": dict(NEUTRAL, temperature=0.7, top_p=0.8, top_k=20,
                                                           repetition_penalty=1.05),
-    "Llama-3 style (T 0.6, top-p 0.9, top-k 50)": dict(temperature=0.6, top_p=0.9, top_k=50,
-                                                       repetition_penalty=1.0),
-    "top-k 50 (transformers' default)": dict(temperature=1.0, top_p=1.0, top_k=50, repetition_penalty=1.0),
-    "temperature 0.7, no top-k": dict(temperature=0.7, top_p=1.0, top_k=0, repetition_penalty=1.0),
-    "temperature 1.0, no top-k": dict(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0),
-    "top-p 0.9, no top-k": dict(temperature=1.0, top_p=0.9, top_k=0, repetition_penalty=1.0),
-    "repetition penalty 1.1, no top-k": dict(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.1),
+    "Llama-3 style (T 0.6, top-p 0.9, top-k 50)": dict(NEUTRAL, temperature=0.6, top_p=0.9, top_k=50),
+    "top-k 50 (transformers' default)": dict(NEUTRAL, top_k=50),
+    "temperature 0.7, no top-k": dict(NEUTRAL, temperature=0.7),
+    "temperature 1.0, no top-k": dict(NEUTRAL),
+    "top-p 0.9, no top-k": dict(NEUTRAL, top_p=0.9),
+    "repetition penalty 1.1, no top-k": dict(NEUTRAL, repetition_penalty=1.1),
 }
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
 

@@ -51,6 +51,7 @@ class AutoController:
     COMPETITIVE = 0.9   # ... when its predicted speedup is at least this share of the best
     MAX_JUMP = 3.0      # a profile-only cost may exceed the size before it by this many typical steps
     EVIDENCE = 8        # observations of the first position before a pause is trusted (a prior counts as many)
+    POOL = 64           # observations per position a carried acceptance counts as, at most (it follows the pair)
     plans = True        # chooses gamma (what it learns may be kept for the next request)
     reads_masses = True  # learns acceptance from sum_x min(p, q) when sampling
 
@@ -64,6 +65,14 @@ class AutoController:
         # observations of the first position behind its estimate: a neutral guess has none, so two early
         # rejections cannot pause drafting on their own
         self.evidence = self.EVIDENCE if self.measured[0] else 0
+        # what the acceptance was carried in as, with how many observations stand behind each position (a stored
+        # prior: EVIDENCE per measured position), and this request's observations (the next request's prior
+        # pools them: a request's mean, not the end of its exponential average, which is its last few rounds)
+        self._prior = list(self.alphas)
+        counts = list(prof.get("counts") or [])
+        self._prior_n = [min(int(counts[i]), self.POOL) if i < len(counts) else self.EVIDENCE if self.measured[i] else 0
+                         for i in range(max_gamma)]
+        self._sums, self._seen = [0.0] * max_gamma, [0] * max_gamma
         self.draft_cost = prof.get("draft_cost")
         self.target_costs = list(prof.get("target_costs") or [])
         self.target, self.draft_lm = target, draft_lm
@@ -77,6 +86,14 @@ class AutoController:
         self._probe = self._probing = False
         self._explored = 0
         self._warm = False  # the first pass includes the prompt prefill: not a cost sample
+        # pass sizes an earlier request of this generator timed: (cost, rounds since, times timed). They stay
+        # timed here (not read at the profile's value, which a slower day makes look cheap, so that every
+        # request would try each once) and age on, so exploration re-times them as it would within one request.
+        for k, (cost, age, count) in sorted((prof.get("timed") or {}).items()):
+            while len(self.target_costs) < k:
+                self.target_costs.append(self.target_costs[-1] if self.target_costs else cost)
+            self.target_costs[k - 1] = cost
+            self.timed_at[k], self.timed_count[k] = -int(age), int(count)
         self._mark()
 
     def _mark(self) -> None:
@@ -222,12 +239,31 @@ class AutoController:
             hit = masses[i] if masses and i < len(masses) else 1.0 if i < accepted else 0.0
             self.alphas[i] += weight * (hit - self.alphas[i])
             self.measured[i] = True
+            self._sums[i] += hit
+            self._seen[i] += 1
         if gamma:
             self.evidence += 1
         if gamma:  # positions never proposed: a little worse than the one before; observed ones keep theirs
             for j in range(gamma, self.max_gamma):
                 if not self.measured[j]:
                     self.alphas[j] = self.DEEPER * self.alphas[j - 1]
+
+    def carried_acceptance(self) -> dict:
+        """The next request's starting acceptance: per position, the mean of what this request observed pooled
+        with the prior it started from (weighted by observations, at most POOL); a position never observed
+        keeps its current estimate."""
+        alphas, counts = [], []
+        for i, (prior, n0, total, n) in enumerate(zip(self._prior, self._prior_n, self._sums, self._seen)):
+            alphas.append((prior * n0 + total) / (n0 + n) if n0 + n else self.alphas[i])
+            counts.append(min(n0 + n, self.POOL))
+        return {"alphas": [round(a, 3) for a in alphas], "measured": list(self.measured), "counts": counts}
+
+    def carried_timings(self) -> dict:
+        """The pass sizes timed, for the next request of the same kind of pass: {size: (cost, rounds since its
+        latest timing, times timed)}, and the draft step."""
+        timed = {k: (self.target_costs[k - 1], self.rounds - at, self.timed_count[k])
+                 for k, at in self.timed_at.items() if k <= len(self.target_costs)}
+        return {"timed": timed, "draft_cost": self.draft_cost}
 
 
 class TimedFixedController(AutoController):
@@ -272,6 +308,11 @@ def make_controller(speculation: SpeculationConfig, generator, mode: str = "gree
     profile["target_costs"] = planning_costs(profile, speculation.bitwise)
     prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) or stored_acceptance(profile).get(mode)
     profile.update(prior or {})
+    timings = (getattr(generator, "timing_prior", None) or {}).get(bool(speculation.bitwise))
+    if timings:  # what the generator's last auto request of the same pass kind timed (C_t(1) differs by kind)
+        profile["timed"] = timings["timed"]
+        if lm is not None and timings["draft_cost"] is not None:
+            profile["draft_cost"] = timings["draft_cost"]
     if not auto:  # a drafter that sizes its proposals by cost gets the costs timed online
         return TimedFixedController(int(speculation.num_draft_tokens), profile, generator.target, lm)
     return AutoController(min(8, speculation.max_draft_tokens), profile, generator.target, lm)

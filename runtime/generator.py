@@ -172,6 +172,9 @@ class SpeculativeGenerator:
         # request's starting point (a request is too short to learn from a neutral guess, and this pair's
         # drafts agree about as well next time); also kept in the bundle's profile for the next process
         self.acceptance_prior: dict = {}
+        # and the pass sizes it timed, per kind of pass (bitwise or not: C_t(1) is a pass of two positions or of
+        # one): kept only in memory, since they are this process's view of the machine now
+        self.timing_prior: dict = {}
         self._profile_read = False  # the stored profile was looked for (drafters that size proposals read it)
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
@@ -431,7 +434,7 @@ class SpeculativeGenerator:
             yield from _events(decoder, new, verdict if counted else Verdict(0, verdict.next_token, False), counted)
             if reason:
                 outcome.append(reason)
-                self._learn(controller, acceptance_mode(req.sampling))
+                self._learn(controller, acceptance_mode(req.sampling), req.speculation.bitwise)
                 tail = decoder.flush()
                 if tail:
                     yield Event([], tail, "text")
@@ -460,9 +463,9 @@ class SpeculativeGenerator:
     DRIFT = 1.25
     MOVED = 0.05  # a per-position acceptance this far from the stored one is stored again
 
-    def _learn(self, controller, mode: str) -> None:
-        """Keep an auto controller's acceptance for the next request (and in the stored profile, once a request
-        measured enough of it), and store the pass costs it timed when they are well below the profile's (the
+    def _learn(self, controller, mode: str, bitwise: bool) -> None:
+        """Keep an auto controller's acceptance and pass timings for the next request (the acceptance also in the
+        stored profile, once a request measured enough of it), and store the pass costs it timed when they are well below the profile's (the
         profile was measured on a busy machine, or the machine got faster): a re-calibration for free. Timings
         above the profile's are not stored (they may say only that the machine is busy now), except for their
         shape: when the sizes' costs relative to each other contradict the profile's, the timed shape is stored
@@ -470,8 +473,9 @@ class SpeculativeGenerator:
         if not getattr(controller, "plans", False):
             return  # a fixed gamma's timings and acceptance are not kept
         if getattr(controller, "rounds", 0):
-            seen = {"alphas": [round(a, 3) for a in controller.alphas], "measured": list(controller.measured)}
-            self.acceptance_prior[mode] = seen
+            self.acceptance_prior[mode] = carried = controller.carried_acceptance()
+            self.timing_prior[bool(bitwise)] = controller.carried_timings()
+            seen = {"alphas": carried["alphas"], "measured": carried["measured"]}
             if controller.rounds >= controller.EXPLORE_EVERY and self._profile is not None:
                 stored = stored_acceptance(self._profile)
                 old = stored.get(mode, {}).get("alphas", [])

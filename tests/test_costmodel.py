@@ -296,9 +296,82 @@ def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next
     assert ctl.evidence == AutoController.EVIDENCE
     assert make_controller(auto, gen, "sampled").alphas == [0.7] * len(prior["alphas"])
     stored = [e.get("acceptance") for e in json.loads((bundle / PROFILE_FILE).read_text()).values()]
-    assert {"greedy": prior} in stored
+    assert {"greedy": {"alphas": prior["alphas"], "measured": prior["measured"]}} in stored
     fresh = make_controller(auto, SpeculativeGenerator.load(bundle), "greedy")  # as a new process would
     assert fresh.alphas == prior["alphas"] and fresh.measured == prior["measured"]
+
+
+def _request(ctl, target, draft, true_costs, draft_cost, mass, rounds, seed=0) -> list[int]:
+    """One request on a fake clock, acceptance learned from a fixed sum_x min(p, q): the gammas chosen."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    ctl.update(1, 0)  # the prefill round: not a cost sample
+    chosen = []
+    for _ in range(rounds):
+        g = ctl.choose()
+        accepted = 0
+        while accepted < g and rng.random() < mass:
+            accepted += 1
+        target.run_time_s += true_costs[g]
+        draft.run_time_s += g * draft_cost
+        ctl.update(g, accepted, masses=[mass] * min(g, accepted + 1))
+        chosen.append(g)
+    return chosen
+
+
+def test_the_next_request_keeps_the_pass_sizes_timed_and_does_not_walk_through_them_again():
+    """On a machine 30% slower than its profile, every pass size not yet timed reads at the profile's (cheap)
+    cost, so a request tries one after another before settling (seen on the Qwen pair: gammas 8 6 5 4 7 3 2
+    early in every request). The sizes timed are carried to the next request, which settles at once; without
+    them (the negative control) it walks again. They keep their age, so exploration re-times them on time."""
+    true = [1.0 + 0.12 * k for k in range(9)]
+    profile = {"target_costs": [c / 1.3 for c in true], "draft_cost": 0.08 / 1.3, "alphas": [0.9] * 8,
+               "measured": [True] * 8}
+    target, draft = FakeLM(), FakeLM()
+    first = AutoController(8, dict(profile), target, draft)
+    walk = _request(first, target, draft, true, 0.08, 0.9, 40)
+    assert len(set(walk[:8])) >= 4, walk
+    carried = first.carried_timings()
+    assert set(carried["timed"]) == set(first.timed_at) and abs(carried["draft_cost"] - 0.08) < 1e-3
+    for k, (cost, age, count) in carried["timed"].items():
+        assert abs(cost - true[k - 1]) < 1e-9 and age == first.rounds - first.timed_at[k]
+        assert count == first.timed_count[k]
+    target, draft = FakeLM(), FakeLM()
+    second = AutoController(8, dict(profile, timed=carried["timed"], draft_cost=carried["draft_cost"]), target, draft)
+    assert {k: -at for k, at in second.timed_at.items()} == {k: age for k, (_, age, _) in carried["timed"].items()}
+    settled = _request(second, target, draft, true, 0.08, 0.9, 40, seed=1)
+    assert len(set(settled[:8])) == 1 and settled[0] == walk[-1], settled
+    target, draft = FakeLM(), FakeLM()
+    again = _request(AutoController(8, dict(profile), target, draft), target, draft, true, 0.08, 0.9, 40, seed=1)
+    assert len(set(again[:8])) >= 4, again
+
+
+def test_the_next_request_starts_from_the_mean_acceptance_not_the_last_rounds():
+    """A request whose first position passed half the time, then always: the exponential estimate ends near
+    1 (its last few rounds); the next request starts from the request's mean pooled with the prior it started
+    from, weighted by observations (a stored prior counts EVIDENCE, at most POOL carry over)."""
+    target, draft = FakeLM(), FakeLM()
+    prior = [0.6] * 4
+    ctl = AutoController(4, {"target_costs": [1.0, 1.05, 1.1, 1.15, 1.2], "draft_cost": 0.1, "alphas": prior,
+                             "measured": [True, True, False, False]}, target, draft)
+    ctl.update(0, 0)  # the prefill round
+    masses = [0.5] * 20 + [1.0] * 20
+    for m in masses:
+        target.run_time_s += 1.0
+        ctl.update(1, 1 if m == 1.0 else 0, masses=[m])
+    assert ctl.alphas[0] > 0.95
+    carried = ctl.carried_acceptance()
+    n = AutoController.EVIDENCE
+    assert abs(carried["alphas"][0] - (0.6 * n + sum(masses)) / (n + len(masses))) < 1e-3
+    assert carried["counts"][:2] == [n + len(masses), n] and carried["alphas"][1] == 0.6
+    assert carried["measured"] == [True, True, False, False]
+    nxt = AutoController(4, {"target_costs": [1.0] * 5, "draft_cost": 0.1, **carried}, FakeLM(), FakeLM())
+    for m in [0.2] * 200:  # a long request: what it carries on is capped at POOL observations per position
+        nxt.update(1, 0, masses=[m])
+    pooled = nxt.carried_acceptance()
+    assert pooled["counts"][0] == AutoController.POOL
+    expected = (carried["alphas"][0] * (n + len(masses)) + 0.2 * 199) / (n + len(masses) + 199)
+    assert abs(pooled["alphas"][0] - expected) < 1e-3
 
 
 def test_a_neutral_guess_does_not_pause_drafting_before_enough_evidence():
@@ -384,9 +457,9 @@ def _learn_into(ctl, profile: dict) -> dict | None:
     from types import SimpleNamespace
     from ortspec import SpeculativeGenerator
     saved = []
-    gen = SimpleNamespace(_profile=profile, acceptance_prior={}, DRIFT=SpeculativeGenerator.DRIFT,
+    gen = SimpleNamespace(_profile=profile, acceptance_prior={}, timing_prior={}, DRIFT=SpeculativeGenerator.DRIFT,
                           MOVED=SpeculativeGenerator.MOVED, _store_profile=saved.append)
-    SpeculativeGenerator._learn(gen, ctl, "greedy")
+    SpeculativeGenerator._learn(gen, ctl, "greedy", True)
     costs = [p for p in saved if "reshaped_by" in p or "relearned_from_drift" in p]
     return costs[-1] if costs else None
 

@@ -5,7 +5,8 @@ estimates and per-call cost estimates measured online from the models' own
 run times (C_d per draft step, C_t(k) per target pass of k tokens), and picks
 the gamma with the highest predicted speedup. Positions it has not drafted
 lately are assumed a little worse than the deepest one it has (conditional
-acceptance falls with depth), so it does not reach for long drafts on faith.
+acceptance falls with depth), so it does not reach for long drafts on faith; positions a request has not reached move with the deepest one
+it has (a prior that makes long drafts look poor is re-tested once shorter ones pass better than it said).
 When no gamma predicts a gain (and the first position has been seen often
 enough to trust that: a neutral guess is not evidence) it decodes
 target-only for a while, then probes
@@ -19,7 +20,8 @@ jump from one size to the next above a few times the profile's typical step),
 every EXPLORE_EVERY rounds a draft length whose pass it has not timed lately
 is tried once if it is predicted to be competitive, and ``drift`` reports how
 far the costs timed online have moved from the profile, so the generator can
-store the new ones (a re-calibration that costs nothing).
+store the new ones (a re-calibration that costs nothing). A request hands the next one of its generator the
+pass sizes it timed (with their age) and its mean acceptance per position pooled with what it started from.
 """
 from __future__ import annotations
 
@@ -247,6 +249,24 @@ class AutoController:
             for j in range(gamma, self.max_gamma):
                 if not self.measured[j]:
                     self.alphas[j] = self.DEEPER * self.alphas[j - 1]
+        if self.FOLLOW:
+            self._follow()
+
+    FOLLOW = True
+
+    def _follow(self) -> None:
+        """Positions known only from the prior, past the deepest one this request has observed, move with it:
+        the prior's value shifted by how far that position's estimate moved from its prior. A request's drafts
+        agree better or worse at every depth together; without this, a prior that makes long drafts look poor
+        is never re-measured (only drafting that deep measures those positions)."""
+        seen = [i for i, n in enumerate(self._seen) if n]
+        if not seen:
+            return
+        d = seen[-1]
+        shift = self.alphas[d] - self._prior[d]
+        for j in range(d + 1, self.max_gamma):
+            if self.measured[j] and not self._seen[j]:
+                self.alphas[j] = min(max(self._prior[j] + shift, 0.0), 1.0)
 
     def carried_acceptance(self) -> dict:
         """The next request's starting acceptance: per position, the mean of what this request observed pooled

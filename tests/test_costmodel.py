@@ -374,6 +374,27 @@ def test_the_next_request_starts_from_the_mean_acceptance_not_the_last_rounds():
     assert abs(pooled["alphas"][0] - expected) < 1e-3
 
 
+@pytest.mark.parametrize("follow", [True, False])
+def test_positions_known_only_from_the_prior_move_with_the_deepest_one_observed(follow):
+    """A prior that puts positions 5-8 at 0.3 and 1-4 at 0.6; this request's drafts pass at 0.95 at every depth.
+    Drafting 4 measures only 1-4, so without following them (the negative control) the deeper positions stay
+    at the prior and auto stays at gamma 4; followed, they rise with position 4 and auto reaches gamma 8."""
+    true = [1.0 + 0.05 * k for k in range(9)]
+    target, draft = FakeLM(), FakeLM()
+    ctl = AutoController(8, {"target_costs": list(true), "draft_cost": 0.05, "alphas": [0.6] * 4 + [0.3] * 4,
+                             "measured": [True] * 8}, target, draft)
+    ctl.FOLLOW = follow
+    chosen = _request(ctl, target, draft, true, 0.05, 0.95, 30, seed=0)
+    if follow:
+        assert chosen[-5:] == [8] * 5, chosen
+        assert all(abs(a - 0.95) < 0.05 for a in ctl.alphas)
+    else:
+        assert max(chosen[-5:]) <= 5 and ctl.alphas[6] == 0.3, chosen
+    n = ctl._seen[7]  # what is carried on is what was observed (pooled with the prior), not what was followed
+    assert abs(ctl.carried_acceptance()["alphas"][7] - (0.3 * AutoController.EVIDENCE + 0.95 * n)
+               / (AutoController.EVIDENCE + n)) < 1e-3
+
+
 def test_a_neutral_guess_does_not_pause_drafting_before_enough_evidence():
     """Two early rejections against the neutral prior predict no gain; drafting pauses only once the first
     position has been seen EVIDENCE times, and straight away when the prior was measured."""
@@ -414,14 +435,16 @@ def test_rounds_outside_the_plan_teach_the_controller_nothing_they_should_not():
 
 def test_sampled_rounds_learn_acceptance_from_the_min_mass_not_the_coin():
     """With sum_x min(p, q) per verified position (sampling), the estimate moves toward that probability: a
-    rejected draft whose mass was 0.9 raises an estimate of 0.5, and positions past the rejection learn nothing."""
+    rejected draft whose mass was 0.9 raises an estimate of 0.5, and positions past the rejection observe nothing
+    (they only follow the first position's move from the prior)."""
     costs = {"target_costs": [1.0, 1.05, 1.1, 1.15, 1.2], "draft_cost": 0.1, "alphas": [0.5] * 4,
              "measured": [True] * 4}
     target, draft = FakeLM(), FakeLM()
     ctl = AutoController(4, costs, target, draft)
     ctl.update(0, 0)  # the first round (prefill) times nothing
     ctl.update(3, 0, masses=[0.9])
-    assert ctl.alphas[0] > 0.5 and ctl.alphas[1:] == [0.5] * 3
+    assert ctl.alphas[0] > 0.5 and ctl._seen == [1, 0, 0, 0]
+    assert all(abs(a - ctl.alphas[0]) < 1e-12 for a in ctl.alphas[1:])
     coin = AutoController(4, costs, FakeLM(), FakeLM())
     coin.update(0, 0)
     coin.update(3, 0)

@@ -62,7 +62,7 @@ class AutoController:
         prof = profile or {}
         self.alphas = list(prof.get("alphas") or [0.7] * max_gamma)[:max_gamma]
         self.alphas += [self.alphas[-1]] * (max_gamma - len(self.alphas))
-        # positions whose acceptance has been observed (by this controller or the request before it)
+        # positions whose acceptance has been observed (by this controller or an earlier request)
         self.measured = (list(prof.get("measured") or []) + [False] * max_gamma)[:max_gamma]
         # observations of the first position behind its estimate: a neutral guess has none, so two early
         # rejections cannot pause drafting on their own

@@ -5,8 +5,10 @@ estimates and per-call cost estimates measured online from the models' own
 run times (C_d per draft step, C_t(k) per target pass of k tokens), and picks
 the gamma with the highest predicted speedup. Positions it has not drafted
 lately are assumed a little worse than the deepest one it has (conditional
-acceptance falls with depth), so it does not reach for long drafts on faith; positions a request has not reached move with the deepest one
-it has (a prior that makes long drafts look poor is re-tested once shorter ones pass better than it said).
+acceptance falls with depth), so it does not reach for long drafts on faith;
+positions known only from earlier requests move with the deepest one this
+request has reached (a prior that makes long drafts look poor is re-tested
+once shorter ones pass better than it said).
 When no gamma predicts a gain (and the first position has been seen often
 enough to trust that: a neutral guess is not evidence) it decodes
 target-only for a while, then probes
@@ -20,8 +22,9 @@ jump from one size to the next above a few times the profile's typical step),
 every EXPLORE_EVERY rounds a draft length whose pass it has not timed lately
 is tried once if it is predicted to be competitive, and ``drift`` reports how
 far the costs timed online have moved from the profile, so the generator can
-store the new ones (a re-calibration that costs nothing). A request hands the next one of its generator the
-pass sizes it timed (with their age) and its mean acceptance per position pooled with what it started from.
+store the new ones (a re-calibration that costs nothing). A request hands the
+next one of its generator the pass sizes it timed (with their age) and its mean
+acceptance per position, pooled with what it started from.
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ class AutoController:
     MAX_JUMP = 3.0      # a profile-only cost may exceed the size before it by this many typical steps
     EVIDENCE = 8        # observations of the first position before a pause is trusted (a prior counts as many)
     POOL = 64           # observations per position a carried acceptance counts as, at most (it follows the pair)
+    FOLLOW = True       # positions known only from earlier requests move with the deepest one observed now
     plans = True        # chooses gamma (what it learns may be kept for the next request)
     reads_masses = True  # learns acceptance from sum_x min(p, q) when sampling
 
@@ -251,8 +255,6 @@ class AutoController:
                     self.alphas[j] = self.DEEPER * self.alphas[j - 1]
         if self.FOLLOW:
             self._follow()
-
-    FOLLOW = True
 
     def _follow(self) -> None:
         """Positions known only from the prior, past the deepest one this request has observed, move with it:

@@ -465,11 +465,11 @@ class SpeculativeGenerator:
 
     def _learn(self, controller, mode: str, bitwise: bool) -> None:
         """Keep an auto controller's acceptance and pass timings for the next request (the acceptance also in the
-        stored profile, once a request measured enough of it), and store the pass costs it timed when they are well below the profile's (the
-        profile was measured on a busy machine, or the machine got faster): a re-calibration for free. Timings
-        above the profile's are not stored (they may say only that the machine is busy now), except for their
-        shape: when the sizes' costs relative to each other contradict the profile's, the timed shape is stored
-        at the profile's level."""
+        stored profile, once a request measured enough of it), and store the pass costs it timed when they are
+        well below the profile's (the profile was measured on a busy machine, or the machine got faster): a
+        re-calibration for free. Timings above the profile's are not stored (they may say only that the machine
+        is busy now), except for their shape: when the sizes' costs relative to each other contradict the
+        profile's, the timed shape is stored at the profile's level."""
         if not getattr(controller, "plans", False):
             return  # a fixed gamma's timings and acceptance are not kept
         if getattr(controller, "rounds", 0):

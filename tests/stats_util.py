@@ -40,6 +40,7 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
     gen._sampled_verify = wrong_verify if job["wrong"] else generator.verify_dists
     try:
         for seed in job["seeds"]:
+            gen.timing_prior.clear()  # every request plans from the pretended costs, not those timed before it
             res = gen.generate(input_ids=job["prompt"], max_new_tokens=job["max_new_tokens"], do_sample=True,
                                seed=seed, num_draft_tokens=job["gamma"], eos_token_id=[], **job["sampling"])
             counts[tuple(res.token_ids[:k])] += 1

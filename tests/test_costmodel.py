@@ -299,6 +299,14 @@ def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next
     assert {"greedy": {"alphas": prior["alphas"], "measured": prior["measured"]}} in stored
     fresh = make_controller(auto, SpeculativeGenerator.load(bundle), "greedy")  # as a new process would
     assert fresh.alphas == prior["alphas"] and fresh.measured == prior["measured"]
+    # the pass sizes it timed go to the next request with bitwise passes (in this process only), in either
+    # mode, and not to one with one-position passes (whose C_t(1) is another pass)
+    timed = gen.timing_prior[True]["timed"]
+    assert len(timed) >= 2 and False not in gen.timing_prior and not fresh.timed_at
+    for mode in ("greedy", "sampled"):
+        nxt = make_controller(auto, gen, mode)
+        assert {k: (nxt.target_costs[k - 1], -at, nxt.timed_count[k]) for k, at in nxt.timed_at.items()} == timed
+    assert not make_controller(SpeculationConfig("auto", bitwise=False), gen, "greedy").timed_at
 
 
 def _request(ctl, target, draft, true_costs, draft_cost, mass, rounds, seed=0) -> list[int]:

@@ -163,24 +163,30 @@ def test_per_position_acceptance_is_conditional_on_reaching_the_position():
     assert s.tokens_per_round == 3.5
 
 
-def _simulate(ctl, target, draft, true_costs, draft_cost, alpha, rounds, seed=0):
-    """Decode ``rounds`` rounds on a fake clock; tokens per unit time over the second half."""
+def _play(ctl, target, draft, true_costs, draft_cost, alpha, rounds, seed=0, masses=False):
+    """Decode ``rounds`` rounds on a fake clock, each draft passing with probability ``alpha``: (gamma, accepted)
+    per round. ``masses``: acceptance learned from sum_x min(p, q) = alpha at each verified position."""
     import numpy as np
     rng = np.random.default_rng(seed)
     ctl.update(1, 0)  # the prefill round: not a cost sample
-    tokens = time = 0.0
-    for r in range(rounds):
+    for _ in range(rounds):
         g = ctl.choose()
         accepted = 0
         while accepted < g and rng.random() < alpha:
             accepted += 1
-        cost = true_costs[g] + g * draft_cost
         target.run_time_s += true_costs[g]
         draft.run_time_s += g * draft_cost
-        ctl.update(g, accepted)
+        ctl.update(g, accepted, masses=[alpha] * min(g, accepted + 1) if masses else None)
+        yield g, accepted
+
+
+def _simulate(ctl, target, draft, true_costs, draft_cost, alpha, rounds, seed=0):
+    """Decode ``rounds`` rounds on a fake clock; tokens per unit time over the second half."""
+    tokens = time = 0.0
+    for r, (g, accepted) in enumerate(_play(ctl, target, draft, true_costs, draft_cost, alpha, rounds, seed)):
         if r >= rounds // 2:
             tokens += accepted + 1
-            time += cost
+            time += true_costs[g] + g * draft_cost
     return tokens / time
 
 
@@ -311,20 +317,7 @@ def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next
 
 def _request(ctl, target, draft, true_costs, draft_cost, mass, rounds, seed=0) -> list[int]:
     """One request on a fake clock, acceptance learned from a fixed sum_x min(p, q): the gammas chosen."""
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    ctl.update(1, 0)  # the prefill round: not a cost sample
-    chosen = []
-    for _ in range(rounds):
-        g = ctl.choose()
-        accepted = 0
-        while accepted < g and rng.random() < mass:
-            accepted += 1
-        target.run_time_s += true_costs[g]
-        draft.run_time_s += g * draft_cost
-        ctl.update(g, accepted, masses=[mass] * min(g, accepted + 1))
-        chosen.append(g)
-    return chosen
+    return [g for g, _ in _play(ctl, target, draft, true_costs, draft_cost, mass, rounds, seed, masses=True)]
 
 
 def test_the_next_request_keeps_the_pass_sizes_timed_and_does_not_walk_through_them_again():

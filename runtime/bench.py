@@ -6,8 +6,11 @@ one-position steps, which round differently on quantized targets) and every
 draft length run back to back in a rotating order, so machine noise hits all
 settings alike. Speedup is the median over prompts of (setting tokens/s /
 baseline tokens/s on the same prompt), against the faster of the two baselines. The ideal speedup is what the cost
-model predicts from the measured per-position acceptance and the calibrated
-step costs; efficiency = measured / ideal shows what the runtime loses.
+model predicts from the measured per-position acceptance and the pass costs timed in the same run (each
+setting's own target passes and draft steps, against the faster baseline's target time per token; rounds
+that read a prompt left out): the most any decoding loop could gain from that acceptance on that machine,
+after the first token. Efficiency = the decode speedup over all prompts together / ideal shows what the
+runtime loses around the passes.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibrate import load_profile, machine, measure, save_profile
-from .costmodel import best_gamma, predicted_speedup
+from .costmodel import best_gamma, expected_tokens, predicted_speedup
 from .generator import SpeculativeGenerator, Stats
 
 ONE_POSITION = "none-1pos"  # target-only decoding with one-position passes (bitwise=False)
@@ -44,6 +47,11 @@ class _Acc:
     min_mass: list = field(default_factory=list)
     verified: list = field(default_factory=list)
     per_prompt: list = field(default_factory=list)
+    pass_s: dict = field(default_factory=dict)    # target pass positions -> run times of passes that size
+    step_s: list = field(default_factory=list)    # draft model time per drafted token, per round
+    token_s: list = field(default_factory=list)   # [target time, tokens committed] over the timed rounds
+    decode_tokens: int = 0                        # tokens after each request's first, and their time
+    decode_s: float = 0.0
 
     def add(self, s: Stats, prompt_id: str) -> None:
         self.tokens += s.new_tokens
@@ -60,7 +68,21 @@ class _Acc:
                 totals[i] += v
         for t, n in zip(s.round_times_s, s.round_tokens):
             self.latencies.extend([t / n] * n)
+        if not self.token_s:
+            self.token_s = [0.0, 0]
+        for timed, gamma, n in zip(s.round_passes, s.round_gammas, s.round_tokens):
+            if timed is None:
+                continue  # the round read a prompt too
+            positions, target_s, draft_s = timed
+            self.pass_s.setdefault(positions, []).append(target_s)
+            self.token_s[0] += target_s
+            self.token_s[1] += n
+            if gamma and draft_s > 0:
+                self.step_s.append(draft_s / gamma)
         self.first_token.append(s.first_token_s)
+        if s.new_tokens > 1:
+            self.decode_tokens += s.new_tokens - 1
+            self.decode_s += s.total_time_s - s.first_token_s
         self.per_prompt.append({"prompt": prompt_id, "tokens": s.new_tokens, "tokens_per_s": s.tokens_per_s,
                                 "acceptance_rate": s.acceptance_rate, "tokens_per_round": s.tokens_per_round})
 
@@ -169,20 +191,27 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
     for g in gammas:
         a = accs[str(g)]
         alphas = a.alphas()
+        timed = _timed_costs(a, b, drafter == "model", draft_cost)
         if drafter == "hybrid":
             ideal = None  # rounds mix free lookups and model drafts: the cost model describes neither mix
-        elif g == "auto":
+        elif timed is not None:
+            ideal = _timed_ideal(alphas, g, *timed)
+        elif g == "auto":  # too few timed rounds (every request one round or two): the stored profile's costs
             ideal = best_gamma(alphas or [0.0], draft_cost, costs, max(1, len(alphas)))[1]
         else:
             ideal = predicted_speedup(alphas, int(g), draft_cost, costs)
         speedup = statistics.median(ratios[str(g)]) if ratios[str(g)] else 0.0
+        decode_speedup = statistics.median(decode[str(g)]) if decode[str(g)] else 0.0
         rows.append({"drafter": drafter, "num_draft_tokens": g, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0,
                      "speedup": speedup,
-                     "decode_speedup": statistics.median(decode[str(g)]) if decode[str(g)] else 0.0, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
+                     "decode_speedup": decode_speedup, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
                      "per_position_acceptance": alphas,
                      "per_position_min_mass": [m / v if v else 0.0 for m, v in zip(a.min_mass, a.verified)],
                      "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
-                     "ideal_speedup": ideal, "efficiency": speedup / ideal if ideal else None,
+                     "decode_speedup_total": _decode_ratio(a, b),
+                     "ideal_speedup": ideal, "efficiency": _decode_ratio(a, b) / ideal if ideal else None,
+                     "timed_costs_s": None if timed is None else {"target_per_token": timed[0], "passes": timed[1],
+                                                                  "draft_step": timed[2]},
                      "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt})
     def baseline(a: _Acc, kind: str) -> dict:
         return {"kind": kind, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0, "time_split": split(a),
@@ -195,6 +224,43 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
             "baseline": baseline(b, kinds[fastest]),
             "baselines": {kinds[s]: baseline(accs[s], kinds[s]) for s in ("none", ONE_POSITION)},
             "settings": rows}
+
+
+def _decode_ratio(a: _Acc, base: _Acc) -> float:
+    """Tokens per second after the first token, all prompts together, over the baseline's: what the ideal
+    describes (the median of per-prompt ratios in the decode column scatters around it)."""
+    if not (a.decode_s and base.decode_s and base.decode_tokens):
+        return 0.0
+    return (a.decode_tokens / a.decode_s) / (base.decode_tokens / base.decode_s)
+
+
+MIN_TIMED = 3  # passes of a size (or target-only rounds) before this run's timings stand for its cost
+
+
+def _timed_costs(a: _Acc, base: _Acc, model: bool, profile_draft: float) -> tuple[float, dict, float] | None:
+    """This run's costs for one setting: the faster baseline's target time per committed token, the median run
+    time of the setting's target passes of each size (timed at least MIN_TIMED times) and, for a draft ``model``,
+    its median time per drafted token (the profile's if no round timed one; lookups cost 0). None when either
+    side has too few rounds that read no prompt."""
+    if not base.token_s or base.token_s[1] < MIN_TIMED or base.token_s[0] <= 0:
+        return None
+    passes = {k: statistics.median(v) for k, v in sorted(a.pass_s.items()) if k > 1 and len(v) >= MIN_TIMED}
+    if not passes:
+        return None
+    step = (statistics.median(a.step_s) if a.step_s else profile_draft) if model else 0.0
+    return base.token_s[0] / base.token_s[1], passes, step
+
+
+def _timed_ideal(alphas: list, g, per_token: float, passes: dict, step: float) -> float | None:
+    """The cost model's speedup with this run's costs: a fixed gamma at its own pass size; auto at the best of
+    the sizes it ran."""
+    sizes = [int(g) + 1] if g != "auto" else list(passes)
+    best = None
+    for k in sizes:
+        if k in passes and k > 1:
+            s = expected_tokens(alphas, k - 1) * per_token / ((k - 1) * step + passes[k])
+            best = s if best is None else max(best, s)
+    return best
 
 
 def format_table(report: dict) -> str:
@@ -223,7 +289,9 @@ def format_table(report: dict) -> str:
         mass = " ".join(f"{a:.2f}" for a in r.get("per_position_min_mass") or [])
         lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}"
                      + (f"   (sum min(p, q): {mass})" if mass else ""))
-    lines.append("  speedup: tokens/s over the whole request; decode: after the first token (prefill left out)")
+    lines.append("  speedup: tokens/s over the whole request; decode: after the first token (prefill left out); "
+                 "ideal: the cost model's decode speedup from the acceptance and the pass costs timed in this run; "
+                 "eff: decode speedup over all prompts together / ideal")
     lines.append(f"  speedups are against the faster target-only decoding: {ref['kind']} ("
                  "bitwise: every step a pass of two positions, output identical to speculative output; "
                  "1-pos: one-position steps, which round differently on quantized targets)")
@@ -241,7 +309,8 @@ def plot(report: dict, path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     g = [r["num_draft_tokens"] for r in rows]
     ax1.plot(g, [r["speedup"] for r in rows], "o-", label="measured")
-    ax1.plot(g, [r["ideal_speedup"] or float("nan") for r in rows], "s--", label="cost model (ideal)")
+    ax1.plot(g, [r["decode_speedup_total"] for r in rows], "^-", label="measured, after the first token")
+    ax1.plot(g, [r["ideal_speedup"] or float("nan") for r in rows], "s--", label="cost model (ideal, after the first token)")
     for r in report["settings"]:
         if r["num_draft_tokens"] == "auto":
             ax1.axhline(r["speedup"], color="gray", ls=":", label="auto (measured)")

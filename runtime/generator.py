@@ -46,6 +46,9 @@ class Stats:
     round_times_s: list = field(default_factory=list)
     round_tokens: list = field(default_factory=list)
     round_gammas: list = field(default_factory=list)
+    # per round: (positions of its target pass, the target's run time, the draft model's run time), or None for a
+    # round that also read a prompt (the first; one where the draft caught up with a long prompt): no step cost
+    round_passes: list = field(default_factory=list)
     target_time_s: float = 0.0
     draft_time_s: float = 0.0
     overhead_time_s: float = 0.0
@@ -386,8 +389,10 @@ class SpeculativeGenerator:
         # target kept from an earlier call: the draft's state, and so a seeded output, must not depend on it).
         lazy = getattr(self.drafter, "source", None) is not None or \
             len(committed) - target.length > self.LAZY_PREFILL
+        draft_lm = getattr(self.drafter, "lm", None)
         while True:
             t0 = time.perf_counter()
+            t_run, d_run = target.run_time_s, (draft_lm.run_time_s if draft_lm is not None else 0.0)
             remaining = req.max_new_tokens - (len(committed) - start)
             # 1. Choose gamma: never draft past max_new_tokens or the context (limit: what a long copy may
             #    propose beyond gamma).
@@ -425,6 +430,9 @@ class SpeculativeGenerator:
             target.rollback(min(target.length, len(committed) - 1))
             self._sync_drafter(committed)
             stats.record(counted, verdict.accepted if counted else 0, len(new), time.perf_counter() - t0)
+            stats.round_passes.append(None if stats.rounds == 1 or catching_up else (
+                len(draft.tokens) + 1, target.run_time_s - t_run,
+                (draft_lm.run_time_s - d_run) if draft_lm is not None else 0.0))
             if stats.rounds == 1:
                 stats.first_token_s = time.perf_counter() - started
             controller.update(counted, verdict.accepted if counted else 0, side=draft.side, prefill=catching_up,

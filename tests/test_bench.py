@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from ortspec.config import SAMPLING_FALLBACK
+from ortspec.costmodel import expected_tokens
 
 
 def _bench(bundle: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -43,7 +44,16 @@ def test_bench_report_plot_and_profile(pair_bundle, tmp_path):
     assert set(settings) == {1, 3, "auto"}
     for gamma, s in settings.items():
         assert s["tokens_per_s"] > 0 and s["speedup"] > 0 and s["ideal_speedup"] > 0 and s["decode_speedup"] > 0
-        assert abs(s["efficiency"] - s["speedup"] / s["ideal_speedup"]) < 1e-9
+        assert s["decode_speedup_total"] > 0  # (decode tokens/s over all prompts against the baseline's)
+        assert abs(s["efficiency"] - s["decode_speedup_total"] / s["ideal_speedup"]) < 1e-9
+        # the ideal comes from this run's timings: the baseline's target time per token, the setting's passes
+        timed = s["timed_costs_s"]
+        assert timed is not None and timed["target_per_token"] > 0 and timed["draft_step"] > 0
+        passes = {int(k): v for k, v in timed["passes"].items()}
+        if gamma != "auto":
+            want = expected_tokens(s["per_position_acceptance"], gamma) * timed["target_per_token"] / (
+                gamma * timed["draft_step"] + passes[gamma + 1])
+            assert abs(s["ideal_speedup"] - want) < 1e-9
         assert 0 <= s["acceptance_rate"] <= 1 and s["mean_tokens_per_round"] >= 1
         if gamma != "auto":
             assert len(s["per_position_acceptance"]) == gamma
@@ -209,3 +219,43 @@ def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_
     for other, message in ((small_self_bundle, "does not share"), (ids_bundle, "has no draft model")):
         bad = run(llama_bundle, other, "--limit", "1")
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_the_ideal_reads_the_costs_timed_in_the_run_not_the_stored_profile():
+    """A baseline spending 1.0 s of target time on 10 tokens (0.1 s a token), a gamma-4 setting whose 5-position
+    passes took 0.14-0.16 s and whose draft steps 0.01 s: ideal 5 x 0.1 / (0.04 + 0.15) with every draft
+    accepted, whatever the profile says. Sizes timed fewer than MIN_TIMED times are not read; auto takes the
+    best size it ran; too few timed baseline tokens: no timed costs (the profile's are used)."""
+    from ortspec.bench import MIN_TIMED, _Acc, _timed_costs, _timed_ideal
+    base, a = _Acc(token_s=[1.0, 10]), _Acc(pass_s={5: [0.15, 0.14, 0.16], 9: [0.2]}, step_s=[0.01, 0.012, 0.009])
+    per_token, passes, step = _timed_costs(a, base, True, 0.5)
+    assert per_token == 0.1 and passes == {5: 0.15} and step == 0.01
+    assert abs(_timed_ideal([1.0] * 4, 4, per_token, passes, step) - 5 * 0.1 / (0.04 + 0.15)) < 1e-12
+    assert _timed_ideal([1.0] * 8, 8, per_token, passes, step) is None  # its size not timed enough
+    a.pass_s[3] = [0.12] * MIN_TIMED
+    _, passes, _ = _timed_costs(a, base, True, 0.5)
+    auto = _timed_ideal([0.5] * 4, "auto", per_token, passes, step)
+    assert auto == max(expected_tokens([0.5] * 4, g) * 0.1 / (g * 0.01 + passes[g + 1]) for g in (2, 4))
+    assert _timed_costs(a, base, False, 0.5)[2] == 0.0  # lookups draft for free
+    assert _timed_costs(a, _Acc(token_s=[0.3, MIN_TIMED - 1]), True, 0.5) is None
+
+
+def test_rounds_that_read_a_prompt_time_no_pass(pair_bundle):
+    """Stats.round_passes: None for the first round (the prompt's prefill) and for the round where the draft
+    reads a long prompt; every other round the size of its target pass and the models' run times."""
+    from ortspec import SpeculativeGenerator
+    gen = SpeculativeGenerator.load(pair_bundle)
+    gen.LAZY_PREFILL = 16  # (the tiny model holds 256 positions)
+    for prompt_len in (5, gen.LAZY_PREFILL + 20):
+        ids = [3 + i % 40 for i in range(prompt_len)]
+        gen.target.reset()
+        gen.drafter.lm.reset()
+        stats = gen.generate(input_ids=ids, max_new_tokens=20, num_draft_tokens=3).stats
+        lazy = prompt_len > gen.LAZY_PREFILL  # its first round is the target's alone; the second reads the prompt
+        skipped = [i for i, p in enumerate(stats.round_passes) if p is None]
+        assert skipped == ([0, 1] if lazy else [0]), stats.round_passes
+        assert len(stats.round_passes) == stats.rounds
+        for p, g in zip(stats.round_passes, stats.round_gammas):
+            if p is not None:
+                positions, target_s, draft_s = p
+                assert positions == g + 1 and target_s > 0 and (draft_s > 0) == (g > 0)

@@ -189,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Runs target-only decoding and every draft length on each prompt in one "
                                    "process (rotating order), and reports tokens/s, speedup (median of per-prompt "
                                    "ratios), acceptance, tokens/round, time split, latency percentiles, and the "
-                                   "cost model's ideal speedup with efficiency = measured / ideal.")
+                                   "cost model's ideal speedup after the first token from the acceptance and the "
+                                   "pass costs timed in the same run, with efficiency = decode speedup over all "
+                                   "prompts / ideal.")
     p.add_argument("bundle")
     p.add_argument("--prompts", default=None, help="jsonl file with a \"prompt\" per line (default: the shipped dev prompts)")
     p.add_argument("--num-draft-tokens", default="1,2,3,4,6,8,auto", help="comma-separated gammas and/or 'auto'")

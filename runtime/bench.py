@@ -49,7 +49,7 @@ class _Acc:
     per_prompt: list = field(default_factory=list)
     pass_s: dict = field(default_factory=dict)    # target pass positions -> run times of passes that size
     step_s: list = field(default_factory=list)    # draft model time per drafted token, per round
-    token_s: list = field(default_factory=list)   # [target time, tokens committed] over the timed rounds
+    token_s: list = field(default_factory=lambda: [0.0, 0])  # [target time, tokens committed], timed rounds
     decode_tokens: int = 0                        # tokens after each request's first, and their time
     decode_s: float = 0.0
 
@@ -68,8 +68,6 @@ class _Acc:
                 totals[i] += v
         for t, n in zip(s.round_times_s, s.round_tokens):
             self.latencies.extend([t / n] * n)
-        if not self.token_s:
-            self.token_s = [0.0, 0]
         for timed, gamma, n in zip(s.round_passes, s.round_gammas, s.round_tokens):
             if timed is None:
                 continue  # the round read a prompt too
@@ -202,14 +200,15 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
             ideal = predicted_speedup(alphas, int(g), draft_cost, costs)
         speedup = statistics.median(ratios[str(g)]) if ratios[str(g)] else 0.0
         decode_speedup = statistics.median(decode[str(g)]) if decode[str(g)] else 0.0
+        decode_total = _decode_ratio(a, b)
         rows.append({"drafter": drafter, "num_draft_tokens": g, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0,
                      "speedup": speedup,
                      "decode_speedup": decode_speedup, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
                      "per_position_acceptance": alphas,
                      "per_position_min_mass": [m / v if v else 0.0 for m, v in zip(a.min_mass, a.verified)],
                      "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
-                     "decode_speedup_total": _decode_ratio(a, b),
-                     "ideal_speedup": ideal, "efficiency": _decode_ratio(a, b) / ideal if ideal else None,
+                     "decode_speedup_total": decode_total,
+                     "ideal_speedup": ideal, "efficiency": decode_total / ideal if ideal else None,
                      "timed_costs_s": None if timed is None else {"target_per_token": timed[0], "passes": timed[1],
                                                                   "draft_step": timed[2]},
                      "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt})
@@ -242,7 +241,7 @@ def _timed_costs(a: _Acc, base: _Acc, model: bool, profile_draft: float) -> tupl
     time of the setting's target passes of each size (timed at least MIN_TIMED times) and, for a draft ``model``,
     its median time per drafted token (the profile's if no round timed one; lookups cost 0). None when either
     side has too few rounds that read no prompt."""
-    if not base.token_s or base.token_s[1] < MIN_TIMED or base.token_s[0] <= 0:
+    if base.token_s[1] < MIN_TIMED or base.token_s[0] <= 0:
         return None
     passes = {k: statistics.median(v) for k, v in sorted(a.pass_s.items()) if k > 1 and len(v) >= MIN_TIMED}
     if not passes:

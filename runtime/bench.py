@@ -49,7 +49,8 @@ class _Acc:
     per_prompt: list = field(default_factory=list)
     pass_s: dict = field(default_factory=dict)    # target pass positions -> run times of passes that size
     step_s: list = field(default_factory=list)    # draft model time per drafted token, per round
-    token_s: list = field(default_factory=lambda: [0.0, 0])  # [target time, tokens committed], timed rounds
+    timed_target_s: float = 0.0                   # target time over the rounds that read no prompt ...
+    timed_tokens: int = 0                         # ... and the tokens they committed
     decode_tokens: int = 0                        # tokens after each request's first, and their time
     decode_s: float = 0.0
 
@@ -73,8 +74,8 @@ class _Acc:
                 continue  # the round read a prompt too
             positions, target_s, draft_s = timed
             self.pass_s.setdefault(positions, []).append(target_s)
-            self.token_s[0] += target_s
-            self.token_s[1] += n
+            self.timed_target_s += target_s
+            self.timed_tokens += n
             if gamma and draft_s > 0:
                 self.step_s.append(draft_s / gamma)
         self.first_token.append(s.first_token_s)
@@ -241,13 +242,13 @@ def _timed_costs(a: _Acc, base: _Acc, model: bool, profile_draft: float) -> tupl
     time of the setting's target passes of each size (timed at least MIN_TIMED times) and, for a draft ``model``,
     its median time per drafted token (the profile's if no round timed one; lookups cost 0). None when either
     side has too few rounds that read no prompt."""
-    if base.token_s[1] < MIN_TIMED or base.token_s[0] <= 0:
+    if base.timed_tokens < MIN_TIMED or base.timed_target_s <= 0:
         return None
     passes = {k: statistics.median(v) for k, v in sorted(a.pass_s.items()) if k > 1 and len(v) >= MIN_TIMED}
     if not passes:
         return None
     step = (statistics.median(a.step_s) if a.step_s else profile_draft) if model else 0.0
-    return base.token_s[0] / base.token_s[1], passes, step
+    return base.timed_target_s / base.timed_tokens, passes, step
 
 
 def _timed_ideal(alphas: list, g, per_token: float, passes: dict, step: float) -> float | None:

@@ -227,7 +227,7 @@ def test_the_ideal_reads_the_costs_timed_in_the_run_not_the_stored_profile():
     accepted, whatever the profile says. Sizes timed fewer than MIN_TIMED times are not read; auto takes the
     best size it ran; too few timed baseline tokens: no timed costs (the profile's are used)."""
     from ortspec.bench import MIN_TIMED, _Acc, _timed_costs, _timed_ideal
-    base, a = _Acc(token_s=[1.0, 10]), _Acc(pass_s={5: [0.15, 0.14, 0.16], 9: [0.2]}, step_s=[0.01, 0.012, 0.009])
+    base, a = _Acc(timed_target_s=1.0, timed_tokens=10), _Acc(pass_s={5: [0.15, 0.14, 0.16], 9: [0.2]}, step_s=[0.01, 0.012, 0.009])
     per_token, passes, step = _timed_costs(a, base, True, 0.5)
     assert per_token == 0.1 and passes == {5: 0.15} and step == 0.01
     assert abs(_timed_ideal([1.0] * 4, 4, per_token, passes, step) - 5 * 0.1 / (0.04 + 0.15)) < 1e-12
@@ -237,7 +237,7 @@ def test_the_ideal_reads_the_costs_timed_in_the_run_not_the_stored_profile():
     auto = _timed_ideal([0.5] * 4, "auto", per_token, passes, step)
     assert auto == max(expected_tokens([0.5] * 4, g) * 0.1 / (g * 0.01 + passes[g + 1]) for g in (2, 4))
     assert _timed_costs(a, base, False, 0.5)[2] == 0.0  # lookups draft for free
-    assert _timed_costs(a, _Acc(token_s=[0.3, MIN_TIMED - 1]), True, 0.5) is None
+    assert _timed_costs(a, _Acc(timed_target_s=0.3, timed_tokens=MIN_TIMED - 1), True, 0.5) is None
 
 
 def test_rounds_that_read_a_prompt_time_no_pass(pair_bundle):

@@ -15,7 +15,7 @@ from .config import SamplingConfig, SpeculationConfig, resolve_sampling
 from .controller import acceptance_mode, make_controller, stored_acceptance
 from .drafters import (Draft, HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window,
                        common_prefix)
-from .errors import BundleError, CacheOverflowError, OrtspecError
+from .errors import BundleError, CacheOverflowError, IncompatibleModelsError, OrtspecError
 from .logits import Dist, LogitsPipeline, Scratch, draft_pipeline
 from .model import LOGITS_PLACES, CausalLM, check_thread_pool
 from .text import StreamDecoder, TextCodec
@@ -153,6 +153,28 @@ class _Request:
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
 
 
+def decoding_vocab(bundle: Bundle, codec: TextCodec | None, drafts_with_model: bool) -> int:
+    """The ids decoding chooses among: the target's logits width, or the draft's where that is narrower and the
+    ids it leaves out are padding (past every id the tokenizer knows: probability 0 for every drafter, so that
+    speculative output stays distributed as target-only output). A draft narrower than the tokenizer's ids
+    cannot propose tokens the target may choose: drafting with it is refused; the target alone decodes over
+    its whole width."""
+    width = bundle.target.output_vocab
+    if bundle.draft is None or bundle.draft.output_vocab >= width:
+        return width
+    cut = bundle.draft.output_vocab
+    tokens = codec.id_count() if codec is not None else None
+    if tokens is not None and tokens <= cut:
+        return cut
+    if drafts_with_model:
+        known = f"the tokenizer's ids reach {tokens - 1}" if tokens is not None else "the bundle has no tokenizer"
+        raise IncompatibleModelsError(
+            f"the draft's logits cover ids 0..{cut - 1} but the target's cover 0..{width - 1} and {known}: the "
+            "draft cannot propose every token the target may choose; re-export the pair with drafts of the same "
+            "vocabulary, or load with drafter='prompt_lookup' or 'none'")
+    return width
+
+
 class SpeculativeGenerator:
     """Generates with a bundle's target, drafting with a model, n-grams, or nothing.
 
@@ -167,8 +189,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.codec = codec
         self.draft_disabled = draft_disabled
-        widths = [bundle.target.output_vocab] + ([bundle.draft.output_vocab] if bundle.draft else [])
-        self.vocab_size = min(widths)  # ids past the shared width are padding: probability 0
+        self.vocab_size = decoding_vocab(bundle, codec, getattr(drafter, "lm", None) is not None)
         self._lock = threading.Lock()
         self._profile: dict | None = None
         # the last auto controller's per-position acceptance, per mode ("greedy", "sampled"): the next
@@ -334,9 +355,12 @@ class SpeculativeGenerator:
         ``generate`` (see ``sampling_defaults``), else transformers' defaults: greedy; when sampling,
         temperature 1, top-k 50 (``top_k=0`` turns it off), top-p 1, no repetition penalty.
         """
+        eos = self._eos(eos_token_id)
+        # as transformers' NoBadWordsLogitsProcessor: an end-of-sequence id alone is never a bad word
+        words = tuple(tuple(w) for w in bad_words_ids if not (len(w) == 1 and w[0] in eos))
         sampling = SamplingConfig(**self.sampling_settings(
             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-            repetition_penalty=repetition_penalty), bad_words_ids=tuple(tuple(w) for w in bad_words_ids))
+            repetition_penalty=repetition_penalty), bad_words_ids=words)
         speculation = SpeculationConfig(num_draft_tokens, bitwise=bitwise)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -348,7 +372,6 @@ class SpeculativeGenerator:
             raise CacheOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
                 f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
-        eos = self._eos(eos_token_id)
         request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict))
         return _Stream(self, request)
 

@@ -461,6 +461,7 @@ class LogitsPipeline:
         self._banned = np.array(sorted(set(single)), dtype=np.int64)
         self._banned = self._banned[self._banned < self.vocab_size]
         self._multi = [w for w in config.bad_words_ids if len(w) > 1]
+        self._reach = max((len(w) - 1 for w in self._multi), default=0)  # context tokens a longer word matches
         self._seen_of: list[int] = []     # the context whose distinct tokens are cached (repetition penalty)
         self._seen_base = None            # ... and the list object it was last read from
         # Set by a decode loop whose context is one list that only grows (appended to) between calls: the same
@@ -475,8 +476,9 @@ class LogitsPipeline:
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
-        """Processed scores [rows, vocab] in float64 (penalty + banned words)."""
-        rows = np.asarray(logits, dtype=np.float64)[:, : self.vocab_size].copy()
+        """Processed scores [rows, vocab] in float32 (penalty + banned words), as transformers computes them: the
+        logits as float32, the penalty's products and quotients rounded to float32."""
+        rows = np.array(np.asarray(logits)[:, : self.vocab_size], dtype=np.float32)
         for i in range(rows.shape[0]):
             ids, values = self._changes(rows[i], base, new[:i])
             rows[i, ids] = values
@@ -493,7 +495,7 @@ class LogitsPipeline:
         return np.argmax(self.scores(logits, base, new), axis=1)
 
     def _device_greedy(self, drow, base: Sequence[int], new: Sequence[int]) -> int:
-        found = self._device_top(drow, 1, base, new, np.float64)
+        found = self._device_top(drow, 1, base, new)
         if found is None or not math.isfinite(found[2]):
             return int(self.greedy(drow.numpy()[None], base, new)[0])
         return int(min(found[0]))  # the lowest id among the ties of the largest
@@ -566,15 +568,22 @@ class LogitsPipeline:
         return np.asarray(self._banned_list(base, new), dtype=np.int64)
 
     def _banned_list(self, base: Sequence[int], new: Sequence[int]) -> list[int]:
-        """Ids banned at this position: single-token bad words, and the last token of each longer bad word
-        whose other tokens end the context."""
+        """Ids banned at this position, each once: single-token bad words, and the last token of each longer bad
+        word whose other tokens end the context, as transformers matches them (the whole word, and only in a
+        context at least as long as the word)."""
         banned = self._banned.tolist()
         if self._multi:
-            context = [int(t) for t in base[-16:]] + [int(t) for t in new]  # enough for any short ban
+            reach, length = self._reach, len(base) + len(new)
+            context = [int(t) for t in new[-reach:]]
+            if len(context) < reach:
+                context = [int(t) for t in base[len(context) - reach:]] + context
+            extra = []
             for word in self._multi:
-                prefix = list(word[:-1])
-                if word[-1] < self.vocab_size and context[len(context) - len(prefix):] == prefix:
-                    banned.append(word[-1])
+                n = len(word) - 1
+                if word[-1] < self.vocab_size and length > n and context[len(context) - n:] == list(word[:-1]):
+                    extra.append(word[-1])
+            if extra:
+                banned = list(dict.fromkeys(banned + extra))  # (a token two words ban is banned once)
         return banned
 
     # -- rows left on the device (DeviceRow: the largest entries and a bound on the rest) ------------------
@@ -632,19 +641,18 @@ class LogitsPipeline:
         n = len(tokens)
         return lambda i: self.verify_row(rows[i], base, tokens[:i], last=i == n)
 
-    def _device_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32):
+    def _device_top(self, drow, k: int, base: Sequence[int], new: Sequence[int]):
         """The processed scores of a row's largest entries, read from ``drow.top`` (a row whose largest entries
         the graph or the device found), when they decide its top ``k`` exactly: (ids, scores, kth) as lists,
         every id whose score is >= kth, the k-th largest; None when the row must be read in full (a processor
         may raise scores, or the entries read do not settle the k-th largest). Scores are processed with
-        ``dtype``'s rounding, as the host path does (float32 for ``row``, float64 for ``greedy``). Plain Python
-        on a few dozen numbers: right after a model pass each NumPy call would cost more than all of it.
+        float32 rounding, as the host path (and transformers) does. Plain Python on a few dozen numbers: right after a model pass each NumPy call would cost more than all of it.
 
         Processors only lower scores (penalty >= 1, bans), so an entry that was not read scores at most the
         bound the device returns; when the k-th largest processed score read is above that bound, the entries
         read at or above it are exactly those the full row would keep.
         """
-        read = self._read_top(drow, k + self.TOP_MARGIN, base, new, dtype)
+        read = self._read_top(drow, k + self.TOP_MARGIN, base, new)
         if read is None:
             return None
         tok, val, bound = read
@@ -656,18 +664,18 @@ class LogitsPipeline:
             while n < len(val) and val[n] >= kth:
                 n += 1
             return (tok[:n], val[:n], kth) if kth > bound else None
-        # processors moved entries: one sort into the top-p order (descending score, lowest id first on ties),
+        # processors moved entries: one sort into the top-p order (descending score, highest id first on ties),
         # which finds the k-th largest and leaves the kept entries as ``_sparse`` takes them without sorting again
-        order = sorted(zip(map(operator.neg, val), tok))
+        order = sorted(zip(map(operator.neg, val), map(operator.neg, tok)))
         kth = -order[k - 1][0]
         if not kth > bound:
             return None
         n = k
         while n < len(order) and -order[n][0] >= kth:
             n += 1
-        return [t for _, t in order[:n]], [-v for v, _ in order[:n]], kth
+        return [-t for _, t in order[:n]], [-v for v, _ in order[:n]], kth
 
-    def _read_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], dtype=np.float32, found=None):
+    def _read_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], found=None):
         """(ids, processed scores, bound) of the ``k`` largest entries ``drow.top`` returns (or of ``found``, what
         it returned), as Python lists (ids inside the vocabulary; banned ones at -inf), and the bound every entry
         not read is at most, processed or not; None with a penalty below 1 (it raises entries from anywhere)."""
@@ -687,16 +695,13 @@ class LogitsPipeline:
                 hits.update({int(t) for t in new}.intersection(tok))
             if hits:
                 val = list(val)  # (the lists read are not changed)
-                # float32 rows: float32 products and quotients, as NumPy makes them (rounded through ``one``)
-                one = array("f", [0.0]) if dtype == np.float32 else None
-                by = theta if one is None else self._theta32
+                # float32 products and quotients, as NumPy makes them on float32 rows (rounded through ``one``:
+                # a float64 product or quotient of two float32 numbers rounds to float32 as float32 arithmetic does)
+                one, by = array("f", [0.0]), self._theta32
                 for j, t in enumerate(tok):
                     if t in hits:
-                        v = val[j] * by if val[j] < 0 else val[j] / by
-                        if one is not None:
-                            one[0] = v
-                            v = one[0]
-                        val[j] = v
+                        one[0] = val[j] * by if val[j] < 0 else val[j] / by
+                        val[j] = one[0]
         if self.config.bad_words_ids:
             banned = set(self._banned_list(base, new))
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
@@ -779,20 +784,20 @@ class LogitsPipeline:
 
     def _sparse(self, ids, scores) -> Dist:
         """Softmax at the temperature over candidate ``ids`` (every other id has probability 0), then top-p.
-        Computed in the top-p order (descending score, lowest id first on ties), so the same candidates give
+        Computed in the top-p order (descending score, highest id first on ties), so the same candidates give
         the same bits however they were found (the host and device paths). Up to LEAN_MAX candidates in plain
         Python (a small Dist), more with NumPy."""
         if len(ids) > LEAN_MAX:
             ids, scores = np.asarray(ids), np.asarray(scores)
-            order = np.lexsort((ids, -scores))
+            order = np.lexsort((-ids, -scores))
             x = scores[order].astype(np.float64) / self.config.temperature
             e = np.exp(x - x[0])
             return self._nucleus_sorted(ids[order], e / e.sum())
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
         val = scores.tolist() if isinstance(scores, np.ndarray) else scores
         if not _descending(val):  # (as the graph returns a row's largest entries, they already are the top-p order)
-            order = sorted(zip(map(operator.neg, val), tok))  # the top-p order (-score, id)
-            val, tok = [-v for v, _ in order], [t for _, t in order]
+            order = sorted(zip(map(operator.neg, val), map(operator.neg, tok)))  # the top-p order (-score, -id)
+            val, tok = [-v for v, _ in order], [-t for _, t in order]
         temperature = self.config.temperature
         top = val[0] / temperature
         if self.tail:  # candidates in descending order: stop where those left weigh at most tail of the mass so far
@@ -824,11 +829,12 @@ class LogitsPipeline:
     def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
         """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.
 
-        Equivalent to Hugging Face's rule (drop tokens whose ascending cumulative
-        probability is <= 1 - top_p, keep at least one): in descending order (lowest
-        id first on ties) a token is kept iff the mass strictly before it is < top_p.
+        Hugging Face's rule (drop tokens whose ascending cumulative probability is
+        <= 1 - top_p, keep at least one; its stable ascending sort puts the lower id
+        of a tie first): in descending order (highest id first on ties) a token is
+        kept iff the mass strictly before it is < top_p.
         """
-        order = np.lexsort((ids, -probs))
+        order = np.lexsort((-ids, -probs))
         return self._nucleus_sorted(ids[order], probs[order])
 
     def _nucleus_sorted(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
@@ -848,9 +854,14 @@ class LogitsPipeline:
         for probe in NUCLEUS_PROBES:
             if probe > cols // 4 or BLOCK_ROWS * probe < target:
                 break  # no weight exceeds 1 and a probe reads about BLOCK_ROWS per block: too few (the same nucleus)
-            cand = top_candidates(weights, probe)  # every entry >= some bound: a prefix of the descending order
-            if _total(weights[cand]) >= target:
-                return self._top_p(cand, weights[cand].astype(np.float64) / total)
+            cand = top_candidates(weights, probe)  # every entry >= some bound: a prefix of the top-p order
+            w = weights[cand].astype(np.float64)
+            order = np.lexsort((-cand, -w))
+            w = w[order]
+            before = np.cumsum(w) - w  # the mass before each, as ``_large_nucleus`` decides: float64 sums
+            kept = int(np.count_nonzero((before < target) & (w > 0)))
+            if kept < cand.size:  # the first token not kept is among the candidates: the cut is here
+                return self._top_p_done(cand[order[:kept]], w[:kept])
         return self._large_nucleus(weights, total, target)
 
     def _large_nucleus(self, weights: np.ndarray, total: float, target: float) -> Dist:
@@ -874,7 +885,7 @@ class LogitsPipeline:
         above = np.greater_equal(weights, high, out=self.scratch.take(weights.size, np.bool_))
         inside = np.greater_equal(weights, low, out=self.scratch.take(weights.size, np.bool_))
         band = np.flatnonzero(np.not_equal(inside, above, out=inside))
-        order = band[np.lexsort((band, -weights[band]))]
+        order = band[np.lexsort((-band, -weights[band]))]
         before = mass_above + np.cumsum(weights[order], dtype=np.float64) - weights[order]
         kept = order[before < target]
         if np.count_nonzero(above) + kept.size <= SPARSE_MAX:
@@ -1296,7 +1307,7 @@ class LazyRow:
         return lo * (1 - host) - width * self.TINY, hi * (1 + host) + width * self.TINY
 
     def _top_p_order(self, scores: dict, bound: float) -> tuple[list, list, int]:
-        """The tokens read that score above ``bound`` in the top-p order (score, then id): (their scores, their
+        """The tokens read that score above ``bound`` in the top-p order (score, then id, both descending): (their scores, their
         ids, how many)."""
         values = list(scores.values())
         if not self.pipe.processes and _descending(values):
@@ -1305,8 +1316,8 @@ class LazyRow:
             while n and values[n - 1] <= bound:
                 n -= 1
             return values, toks, n
-        items = sorted((-v, t) for t, v in scores.items() if v > bound)
-        return [-v for v, _ in items], [t for _, t in items], len(items)
+        items = sorted((-v, -t) for t, v in scores.items() if v > bound)
+        return [-v for v, _ in items], [-t for _, t in items], len(items)
 
     def _nucleus(self, order: tuple, top: float, inv_t: float, z_lo: float, z_hi: float, bound: float):
         """Top-p over the tokens read (``order``, as ``_top_p_order`` gives them): (the kept ones, bounds of the
@@ -1624,7 +1635,7 @@ def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[i
 
 
 def _descending(values: list[float]) -> bool:
-    """Whether scores are strictly descending (no ties): then they are in the top-p order (-score, id) as they
+    """Whether scores are strictly descending (no ties): then they are in the top-p order (-score, -id) as they
     stand."""
     return all(map(operator.gt, values, islice(values, 1, None)))
 

@@ -20,6 +20,10 @@ class TextCodec:
         self.chat_template = _pick_template(tokenizer_config.get("chat_template"))
         self._compiled = None  # the chat template compiled (on first use)
 
+    def id_count(self) -> int:
+        """One past the largest id the tokenizer knows (added tokens included)."""
+        return max(self.tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
     def encode(self, text: str, chat: bool = False, system: str | None = None) -> list[int]:
         if chat:
             return self.tokenizer.encode(self.render_chat(text, system), add_special_tokens=False).ids

@@ -49,3 +49,33 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
     finally:
         gen._sampled_verify = generator.verify_dists
     return counts, drafted, accepted
+
+
+def sample_pairs(job: dict) -> tuple[np.ndarray, int, int]:
+    """Worker: the first two generated tokens of each seed's generation, as an [n, 2] array (runs in a pool
+    process; for vocabularies too wide for ``sample_prefixes``' count table)."""
+    from ortspec import SpeculativeGenerator, generator
+    from ortspec.exactness import wrong_verify
+    key = (job["bundle"], job["drafter"])
+    if key not in _GENERATORS:
+        _GENERATORS[key] = SpeculativeGenerator.load(job["bundle"], drafter=job["drafter"], threads=1)
+    gen = _GENERATORS[key]
+    pairs, drafted, accepted = [], 0, 0
+    gen._sampled_verify = {False: generator.verify_dists, True: wrong_verify, "accept": accept_all}[job["wrong"]]
+    try:
+        for seed in job["seeds"]:
+            res = gen.generate(input_ids=job["prompt"], max_new_tokens=job["max_new_tokens"], do_sample=True,
+                               seed=seed, num_draft_tokens=job["gamma"], eos_token_id=[], **job["sampling"])
+            pairs.append(res.token_ids[:2])
+            drafted += res.stats.drafted
+            accepted += res.stats.accepted
+    finally:
+        gen._sampled_verify = generator.verify_dists
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2), drafted, accepted
+
+
+def accept_all(draft_tokens, draft_dists, target_dist, rng, min_mass=None):
+    """A wrong verifier for negative controls where drafts carry little of p (flat rows): every draft passes."""
+    from ortspec.verify import Verdict
+    n = len(draft_tokens)
+    return Verdict(n, target_dist(n).sample(rng), True)

@@ -1,7 +1,6 @@
-"""The fast sampling path (Dist rows, block search, lazy verification) against a plain float64 reference.
+"""The fast sampling path (Dist rows, block search, lazy verification) against the plain reference.
 
-The reference below is the straightforward pipeline (full-vocabulary float64 softmax, full sort for top-p);
-the fast path must give the same support and the same probabilities up to float32 rounding, on peaked and
+The reference is ``ortspec.reference`` (the whole-row pipeline, transformers' order and dtypes); the fast path must give the same support and the same probabilities up to float32 rounding, on peaked and
 flat rows, large and small vocabularies. Sampling from dense rows and the dense residual get large-sample
 chi-square tests, each with a negative control.
 """
@@ -16,32 +15,13 @@ from ortspec import exactness, verify
 from ortspec.config import DENSE_DRAFT_VOCAB, DRAFT_TOP_K, DRAFT_WIDE_TOP_K, SamplingConfig, draft_sampling
 from ortspec.logits import (DRAFT_TAIL, GROUP, LOG2_E, Dist, LogitsPipeline, _reaching, _total, block_sums, draft_pipeline,
                             sample_weights, top_candidates)
+from ortspec.reference import distribution
 from stats_util import ALPHA, chi_square_p, grouped
 
 
 def reference(cfg: SamplingConfig, row: np.ndarray, context: list[int], vocab: int) -> np.ndarray:
-    s = row[:vocab].astype(np.float64).copy()
-    if cfg.repetition_penalty != 1.0:
-        ids = np.unique(context)
-        ids = ids[ids < vocab]
-        s[ids] = np.where(s[ids] < 0, s[ids] * cfg.repetition_penalty, s[ids] / cfg.repetition_penalty)
-    for word in cfg.bad_words_ids:
-        if list(context[len(context) - len(word) + 1:]) == list(word[:-1]) or len(word) == 1:
-            s[word[-1]] = -np.inf
-    s /= cfg.temperature
-    if cfg.top_k and cfg.top_k < vocab:
-        kth = np.sort(s)[-cfg.top_k]
-        s[s < kth] = -np.inf
-    p = np.exp(s - s.max())
-    p /= p.sum()
-    if cfg.top_p < 1.0:
-        order = np.lexsort((np.arange(vocab), -p))
-        before = np.cumsum(p[order]) - p[order]
-        keep = order[before < cfg.top_p]
-        out = np.zeros_like(p)
-        out[keep] = p[keep]
-        p = out / out.sum()
-    return p
+    """The specification of record (``ortspec.reference``) over the vocabulary's columns."""
+    return distribution(row[:vocab], context, cfg)
 
 
 def rows_of(kind: str, vocab: int, n: int, seed: int = 0) -> np.ndarray:
@@ -116,8 +96,9 @@ def test_low_temperature_rows_flush_what_underflows_and_keep_the_rest(settings):
 
 @pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
 def test_large_nucleus_cuts_ties_by_id(top_p):
-    """A flat row of a few tied levels: the nucleus search's cut falls inside a tie, which keeps the lowest ids
-    first, as the full sort does; a uniform row keeps the first ceil(top_p * V) ids (up to rounding of the sum)."""
+    """A flat row of a few tied levels: the nucleus search's cut falls inside a tie, which keeps the highest ids
+    first, as the reference does (transformers' stable ascending sort removes the lower ids of a tie first); a
+    uniform row keeps the last ceil(top_p * V) ids (up to rounding of the sum)."""
     vocab = 151_936
     cfg = SamplingConfig(do_sample=True, top_p=top_p)
     pipe = LogitsPipeline(cfg, vocab)
@@ -128,7 +109,7 @@ def test_large_nucleus_cuts_ties_by_id(top_p):
     assert np.array_equal(ours > 0, ref > 0) and np.allclose(ours, ref, rtol=2e-5, atol=1e-12)
     uniform = pipe.row(np.zeros(vocab, np.float32), []).dense(vocab)
     kept = np.flatnonzero(uniform)
-    assert kept[0] == 0 and kept.size == kept[-1] + 1  # a prefix of the ids
+    assert kept[-1] == vocab - 1 and kept.size == vocab - kept[0]  # a suffix of the ids
     assert abs(kept.size - np.ceil(top_p * vocab)) <= 1
 
 

@@ -80,6 +80,13 @@ def small_int8_bundle(workdir, hf_models) -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_copy_bundle(workdir, hf_models) -> Path:
+    """The vocab-16 target drafted by an fp32 copy of itself (its own graph): q equals p."""
+    return _export(target=str(hf_models["small_target"]), draft=str(hf_models["small_target"]),
+                   out=workdir / "b_small_copy")
+
+
+@pytest.fixture(scope="session")
 def ids_bundle(workdir, hf_models) -> Path:
     """A target-only bundle without a tokenizer (token ids in, token ids out)."""
     return _export(target=str(hf_models["no_tok"]), out=workdir / "b_ids")

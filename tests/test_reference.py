@@ -144,3 +144,21 @@ def test_an_eos_word_alone_is_not_banned_but_inside_a_longer_word_is():
     assert np.isfinite(processed_scores(row, [1], cfg, (EOS,))[EOS])
     assert processed_scores(row, [1, 5], cfg, (EOS,))[EOS] == -np.inf
     assert processed_scores(row, [1], cfg)[EOS] == -np.inf  # no EOS given: banned as any word
+
+
+def test_decoding_vocabulary_cuts_only_padding():
+    """Ids past a narrower draft's width are cut (probability 0 for every drafter) only when no token has them;
+    a draft narrower than the tokenizer's ids is refused for drafting, and the target alone keeps its width."""
+    from types import SimpleNamespace as NS
+    from ortspec.errors import IncompatibleModelsError
+    from ortspec.generator import decoding_vocab
+    bundle = NS(target=NS(output_vocab=160), draft=NS(output_vocab=150))
+    codec = NS(id_count=lambda: 140)
+    assert decoding_vocab(bundle, codec, True) == decoding_vocab(bundle, codec, False) == 150
+    codec = NS(id_count=lambda: 155)
+    with pytest.raises(IncompatibleModelsError, match="cannot propose every token"):
+        decoding_vocab(bundle, codec, True)
+    assert decoding_vocab(bundle, codec, False) == 160
+    assert decoding_vocab(bundle, None, False) == 160
+    assert decoding_vocab(NS(target=NS(output_vocab=160), draft=None), None, False) == 160
+    assert decoding_vocab(NS(target=NS(output_vocab=150), draft=NS(output_vocab=160)), None, True) == 150

@@ -16,7 +16,9 @@ import sys
 import time
 from typing import Callable
 
-from ortspec.bundle import (MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file, write_manifest)
+from ortspec import __version__
+from ortspec.bundle import (FORMAT_VERSION, MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file,
+                            write_manifest)
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .genai import write_genai_config
@@ -209,6 +211,7 @@ def _switch_manifest(root: Path, role: str, graph: Path) -> None:
     entry["top_logits"] = facts["top_logits"]
     entry["logits_norm"] = facts["logits_norm"]
     entry["io"] = {"inputs": facts["inputs"], "outputs": facts["outputs"]}
+    manifest.update(format_version=FORMAT_VERSION, ortspec_version=__version__)  # (this release's format now)
     tmp = root / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, root / MANIFEST)

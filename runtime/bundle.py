@@ -16,7 +16,11 @@ from .errors import BundleError, IncompatibleModelsError
 
 MANIFEST = "ortspec.json"
 FORMAT = "ortspec-bundle"
-FORMAT_VERSION = 1
+# The bundle format: 2 when graphs take ``logits_to_keep`` and return each kept row's largest logits (and a
+# target's normalizer: manifest keys ``top_logits``, ``logits_norm``); 1 before. This release reads both (a
+# version-1 bundle's rows are read whole; ``ortspec export --upgrade`` brings it to 2) and writes 2.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -234,7 +238,8 @@ def safe_path(root: Path, rel: str) -> Path:
 
 
 def write_manifest(root: Path, manifest: dict) -> None:
-    manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION)
+    from . import __version__
+    manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION, ortspec_version=__version__)
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
 
 
@@ -260,9 +265,14 @@ def load_bundle(root: str | os.PathLike, verify: str = "full") -> Bundle:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"{mpath} is not an ortspec manifest (format field missing); re-export the bundle")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        made = manifest.get("ortspec_version", "a newer release")
+        raise BundleError(f"bundle format version {version} was written by ortspec {made}; this ortspec reads "
+                          f"versions {READABLE_VERSIONS[0]}-{FORMAT_VERSION}: upgrade ortspec "
+                          "(pip install -U ortspec)")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise BundleError(f"bundle format version {version!r} is not supported by this ortspec "
-                          f"(supports {FORMAT_VERSION}); re-export it or upgrade ortspec")
+                          f"(reads {READABLE_VERSIONS[0]}-{FORMAT_VERSION}); re-export it or upgrade ortspec")
     models = manifest.get("models")
     if not isinstance(models, dict) or not models.get("target"):
         raise BundleError(f"{mpath} has no models.target entry; re-export the bundle")

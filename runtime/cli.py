@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
+from . import __version__
 from .errors import OrtspecError
+from .shipped import QUALITY_TEXT, shipped
 
 EPILOG_EXPORT = """examples:
   ortspec export --recipe smollm2-135m --out models/smollm2-135m
@@ -90,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ortspec",
         description="Speculative decoding on ONNX Runtime whose output is distributed exactly as the target "
                     "model's. Export a draft/target pair into a bundle, then generate, benchmark or verify it.")
+    parser.add_argument("--version", action="version", version=f"ortspec {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -115,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cheaper draft: its output layer computes only token ids 0..N-1 and the special tokens "
                         "(BPE vocabularies put frequent tokens first); the rest get draft probability 0 and the "
                         "verifier's residual keeps the output exact")
-    p.add_argument("--recipe", help="a known pair from models/*.toml (e.g. smollm2-135m, qwen2.5-coder) or a .toml path; "
+    p.add_argument("--recipe", help=f"a known pair ({', '.join(_recipe_names())}) or a .toml path like them; "
                                     "fetches the weights and fills in --target/--draft/--*-quant")
     p.add_argument("--graph", default="auto", choices=["auto", "fused", "optimum"],
                    help="fused: onnxruntime contrib operators with an in-place KV cache (Llama, Qwen2/3, Mistral, "
@@ -152,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Stream text from a bundle; a one-line summary goes to stderr.",
                        epilog=EPILOG_GENERATE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="bundle directory made by `ortspec export`")
-    p.add_argument("--recipe", help="export this recipe (models/*.toml) into BUNDLE first if BUNDLE holds no bundle")
+    p.add_argument("--recipe", help="export this recipe (see `ortspec export --help`) into BUNDLE first if BUNDLE "
+                                    "holds no bundle")
     p.add_argument("--prompt", help="prompt text")
     p.add_argument("--input-ids", help="comma-separated token ids instead of --prompt (bundles without a tokenizer)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the bundle's chat template")
@@ -258,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle")
     p.add_argument("--reference", required=True, help="the bundle to compare against (same tokenizer)")
-    p.add_argument("--text", default=None, help="text file (default: the shipped tools/prompts/quality.txt)")
+    p.add_argument("--text", default=None, help="text file (default: the shipped data/quality.txt)")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens of the text to use (default 400; with --window, every whole window of the text)")
     p.add_argument("--window", type=int, default=None, metavar="W",
@@ -402,7 +406,7 @@ def cmd_generate(args) -> int:
 
 def cmd_quality(args) -> int:
     from .quality import compare_models, format_quality
-    path = Path(args.text) if args.text else _default_prompts().with_name("quality.txt")
+    path = Path(args.text) if args.text else shipped(QUALITY_TEXT)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -493,8 +497,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _recipe_names() -> list[str]:
+    """The recipes shipped with ortspec.export (read without importing it: it needs the export extra)."""
+    from importlib import resources
+    try:
+        pairs = resources.files("ortspec.export").joinpath("pairs")
+        return sorted(p.name[:-5] for p in pairs.iterdir() if p.name.endswith(".toml"))
+    except (ModuleNotFoundError, FileNotFoundError):
+        return []
+
+
 def _default_prompts() -> Path:
-    return Path(__file__).resolve().parent.parent / "tools" / "prompts" / "dev.jsonl"
+    from .shipped import DEV_PROMPTS
+    return shipped(DEV_PROMPTS)
 
 
 def cmd_verify(args) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parent.parent
-DEV_PROMPTS = REPO / "tools" / "prompts" / "dev.jsonl"
+DEV_PROMPTS = REPO / "runtime" / "data" / "dev.jsonl"
 
 
 def _export(**kwargs):

@@ -111,7 +111,7 @@ def test_auto_graph_falls_back_to_optimum_where_fused_cannot(family_bundles, wor
 
 def test_manifest_fields_and_checksums(llama_bundle):
     manifest = json.loads((llama_bundle / "ortspec.json").read_text())
-    assert manifest["format"] == "ortspec-bundle" and manifest["format_version"] == 1
+    assert manifest["format"] == "ortspec-bundle" and manifest["format_version"] == 2
     for role in ("target", "draft"):
         entry = manifest["models"][role]
         assert not [k for k in REQUIRED if k not in entry]

@@ -131,7 +131,7 @@ def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
     size = sum(f.stat().st_size for f in (bundle / "target").iterdir())
     assert size < 160e6  # 4.5-bit body, 8.5-bit embedding: about a quarter of the fp32 graph
     from conftest import REPO
-    report = compare_models(str(bundle), str(smol), (REPO / "tools" / "prompts" / "quality.txt").read_text(),
+    report = compare_models(str(bundle), str(smol), (REPO / "runtime" / "data" / "quality.txt").read_text(),
                             tokens=200)
     # the same weights as the fp32 export of the file; what differs is activation rounding (accuracy level 4),
     # halved by centered zero points (96.5% / 0.003 here; zero points at 0 gave 92.0% / 0.015)
@@ -173,7 +173,7 @@ def test_fp32_activations_give_the_files_model_to_float_rounding(smol_gguf_bundl
     assert levels.pop("logits_node") == 4 and set(levels.values()) == {1} and len(levels) == 30 * 4
     from ortspec.inspect import format_report, inspect_bundle
     assert "quantization gguf (MatMulNBits, fp32 activations)" in format_report(inspect_bundle(str(bundle)))
-    report = compare_models(str(bundle), str(smol), (REPO / "tools" / "prompts" / "quality.txt").read_text(),
+    report = compare_models(str(bundle), str(smol), (REPO / "runtime" / "data" / "quality.txt").read_text(),
                             tokens=200)
     assert report["top1_agreement"] >= 0.98 and report["mean_kl"] < 0.002
     b = load_bundle(bundle)

@@ -61,12 +61,28 @@ def test_symlink_pointing_outside_is_refused(tmp_path, llama_bundle):
         load_bundle(b)
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None])
+@pytest.mark.parametrize("version", [0, "1", None, True])
 def test_unknown_format_version(tmp_path, llama_bundle, version):
     b = copy_bundle(llama_bundle, tmp_path)
     edit_manifest(b, lambda m: m.__setitem__("format_version", version))
     with pytest.raises(BundleError, match="format version"):
         load_bundle(b)
+
+
+def test_a_bundle_from_a_newer_release_says_to_upgrade_ortspec(tmp_path, llama_bundle):
+    b = copy_bundle(llama_bundle, tmp_path)
+    edit_manifest(b, lambda m: m.update(format_version=3, ortspec_version="9.0.0"))
+    with pytest.raises(BundleError, match=r"written by ortspec 9\.0\.0.*upgrade ortspec"):
+        load_bundle(b)
+
+
+def test_format_versions_this_release_reads(tmp_path, llama_bundle):
+    from ortspec import __version__
+    manifest = json.loads((llama_bundle / "ortspec.json").read_text())
+    assert manifest["format_version"] == 2 and manifest["ortspec_version"] == __version__
+    b = copy_bundle(llama_bundle, tmp_path)
+    edit_manifest(b, lambda m: m.__setitem__("format_version", 1))  # an earlier release's bundle still loads
+    assert load_bundle(b).target.top_logits
 
 
 def test_manifest_that_is_not_json(tmp_path, llama_bundle):

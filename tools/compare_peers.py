@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+from ortspec.shipped import DEV_PROMPTS, shipped
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLED = dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)  # Qwen2.5's recommended settings
 
@@ -117,7 +119,7 @@ def parse_llama_cpp(log: str, nominal: int) -> tuple[int, float] | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
-    ap.add_argument("--prompts", default=str(REPO / "tools" / "prompts" / "dev.jsonl"))
+    ap.add_argument("--prompts", default=str(shipped(DEV_PROMPTS)))
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--num-draft-tokens", type=int, default=4)

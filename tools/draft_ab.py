@@ -16,7 +16,7 @@ from pathlib import Path
 import statistics
 import sys
 
-DEV_PROMPTS = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
+DEV_PROMPTS = Path(__file__).resolve().parent.parent / "runtime" / "data" / "dev.jsonl"
 
 
 def main() -> int:

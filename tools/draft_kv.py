@@ -3,7 +3,7 @@
 draft's own (draft_kv="own"), one process, the two generators alternating on each prompt.
 
     python tools/draft_kv.py models/smollm2-135m --sample
-    python tools/draft_kv.py models/smollm2-135m --num-draft-tokens 4 --prompts tools/prompts/long.jsonl
+    python tools/draft_kv.py models/smollm2-135m --num-draft-tokens 4 --prompts runtime/data/long.jsonl
 
 Prints per setting tokens/s over whole requests, the median time to first token and the mean acceptance, and
 the median per-prompt ratio of time per token (own / target's cache: above 1 means reading the target's cache

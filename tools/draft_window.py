@@ -5,7 +5,7 @@ target's cache, against target-only decoding.
 
     python tools/draft_window.py models/smollm2-135m --prompts 6 --new 96
 
-Greedy, draft model at gamma 4, the first PROMPTS prompts of tools/prompts/long.jsonl, every run a fresh request,
+Greedy, draft model at gamma 4, the first PROMPTS prompts of runtime/data/long.jsonl, every run a fresh request,
 settings interleaved per prompt. Prints per-run lines, then medians of per-prompt ratios to target-only (whole
 request and after the first token), time to first token and acceptance.
 """

@@ -34,6 +34,8 @@ import tempfile
 import threading
 import time
 
+from ortspec.shipped import DEV_PROMPTS, shipped
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
 FOLLOW_UPS = ["Thanks. Now make it shorter.", "Explain the second step in more detail.",
@@ -100,7 +102,7 @@ def pct(values: list[float], q: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
-    ap.add_argument("--prompts", default=str(ROOT / "tools" / "prompts" / "dev.jsonl"))
+    ap.add_argument("--prompts", default=str(shipped(DEV_PROMPTS)))
     ap.add_argument("--overhead-prompts", type=int, default=8, help="prompts for the overhead phase (default 8)")
     ap.add_argument("--repeat", type=int, default=1, help="passes over the overhead prompts (default 1)")
     ap.add_argument("--requests", type=int, default=16, help="requests in the concurrency phase (default 16)")

@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"export": cmd_export, "generate": cmd_generate, "inspect": cmd_inspect, "bench": cmd_bench,
                "verify": cmd_verify, "serve": cmd_serve,
                "quality": cmd_quality}[args.command]
+    if not args.debug:
+        _quiet_dependencies()
     try:
         return handler(args) or 0
     except KeyboardInterrupt:
@@ -303,6 +305,28 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"ortspec {args.command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+
+
+# the libraries export drives (and onnxruntime), whose notices and progress bars a command folds into its own
+# progress lines; --debug shows them
+DEPENDENCIES = ("transformers", "optimum", "torch", "accelerate", "gguf", "onnx", "onnxruntime", "onnx_ir",
+                "huggingface_hub", "tqdm")
+
+
+def _quiet_dependencies() -> None:
+    """Silence third-party warnings, log notices and progress bars for this command's process (set before any of
+    them is imported: tqdm and transformers read these when they load)."""
+    import logging
+    import os
+    import warnings
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in DEPENDENCIES:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    pattern = "|".join(DEPENDENCIES)
+    warnings.filterwarnings("ignore", module=rf"({pattern})(\.|$)")
 
 
 def _gamma(value: str):

@@ -33,19 +33,10 @@ BLOCK_ROWS = 32       # a row of width W is viewed as [32, W / 32]; a "block" is
 SPARSE_MAX = 4096     # a nucleus of at most this many tokens is kept as ids + probabilities
 LAZY_TOP = 64         # largest entries a row under settings without truncation brings for verification (LazyRow)
 LEAN_MAX = 256        # a top-k row of at most this many candidates is finished in plain Python (a small Dist)
-NUCLEUS_PROBES = (64, 512)  # blocks searched for a top-p nucleus before the threshold search
-WIDE_ROW_MASS = BLOCK_ROWS * NUCLEUS_PROBES[0]  # a verified top-p row whose nucleus holds more mass is a WideRow
 THIN_TOTAL = 2 * (LAZY_TOP - 1)  # a dense row of a larger total is thin (Dist._thin): its head holds at most half
 LOG2_E = 1.4426950408889634  # 1 / ln 2
 HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits name a bucket of the nucleus search
 BUCKETS = 128 * 128   # buckets of weights in [0, 1] (1.0's is 0x3F80), whole groups of GROUP for _reaching
-# exp2 of an exponent below -126 is a float32 denormal (or 0): NumPy's exp2 computes those on a slow path, and
-# denormals slow every later sum over the row. At a low temperature most of a row is there (T 0.2: a dense row
-# took 7x as long). So where a row's exponents reach below -126 they are clamped to EXP2_FLOOR and
-# 2**EXP2_FLOOR is subtracted after exp2: weights below 2**-100 of the row's largest become exactly 0
-# (probabilities under 1e-30, far below float32's rounding of the rest), weights from 2**-75 up keep their bits,
-# and no denormal is made.
-EXP2_FLOOR = -100
 
 
 _NO_IDS, _NO_SCORES = np.zeros(0, np.int64), np.zeros(0, np.float32)  # (read only)
@@ -149,7 +140,7 @@ class Dist:
         """The draw for the uniform number ``u``: inverse CDF over the head (``head_ids``) in its order, then the rest
         of the support: by id (sparse), or in block order (dense: ``draw_weights``); without a head, over ids
         ascending (sparse) or the heavy weights first (dense). (``more``, a source of further uniform numbers, is
-        for rows that draw by rejection: ``WideRow``.)"""
+        for rows that draw by rejection: thin dense rows, ``_thin``.)"""
         if more is not None and self._thin():
             return sample_weights(self.weights, u, self.blocks)
         head = self.head_ids()
@@ -448,13 +439,10 @@ class LogitsPipeline:
     committed tokens plus the draft tokens fed before that position.
     """
 
-    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None, tail: float = 0.0):
+    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None):
         self.config = config
         self.vocab_size = int(vocab_size)
         self.scratch = scratch or Scratch()
-        # A draft's pipeline (``draft_pipeline``): a small distribution drops its lightest candidates where they
-        # hold together at most ``tail`` of its mass (q is free, as long as the verifier sees the q drawn from)
-        self.tail = float(tail)
         self.lazy_settled = 0  # LazyRow verdicts settled from a row's largest entries
         self.lazy_read = 0     # ... and those that needed the whole row
         single = [w[0] for w in config.bad_words_ids if len(w) == 1]
@@ -633,7 +621,7 @@ class LogitsPipeline:
         if hasattr(logits, "top") and self._lazy_rows() and not wide_nucleus(logits, self, base, new) and \
                 not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
             return LazyRow(self, logits, base, new)
-        return self.row(logits, base, new, inplace=True, wide_rows=True)
+        return self.row(logits, base, new, inplace=True)
 
     def verify_rows(self, rows, base: Sequence[int], tokens: Sequence[int]):
         """What verification reads of a pass's rows (``verify_dists``' target_dist): row ``i`` (i <= len(tokens))
@@ -708,12 +696,9 @@ class LogitsPipeline:
         return tok, val, float(bound)
 
     # -- warpers (sampling) -----------------------------------------------
-    def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False,
-            wide_rows: bool = False) -> Dist:
+    def row(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False) -> Dist:
         """The distribution one row is sampled from (context ``base + new``). ``inplace`` lets the processors
-        (penalty, banned words) write into ``logits`` instead of a copy: for rows used once. ``wide_rows`` (rows in
-        verification): a top-p row whose nucleus holds more than WIDE_ROW_MASS of its total is a ``WideRow``, whose
-        nucleus is searched only where a verdict or a draw needs it."""
+        (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
         cfg = self.config
         head = None  # (rows LazyRow may verify: the ids a draw takes first, from the raw row: Dist.head_ids)
         if hasattr(logits, "top"):  # a DeviceRow
@@ -760,17 +745,10 @@ class LogitsPipeline:
             raise ValueError("every token is banned at some position; remove entries from bad_words_ids")
         weights = np.subtract(scores, np.float32(top), out=self.scratch.take(scores.size))
         weights *= np.float32(LOG2_E / cfg.temperature)
-        underflow = weights.min() < -126  # banned tokens (-inf) too
-        if underflow:
-            np.maximum(weights, np.float32(EXP2_FLOOR), out=weights)
         np.exp2(weights, out=weights)  # exp((s - max) / T); NumPy's float32 exp2 is nearly twice as fast as exp
-        if underflow:
-            weights -= np.float32(2.0 ** EXP2_FLOOR)  # the clamped entries back to exactly 0
         blocks = block_sums(weights)
         total = _total(weights, blocks)
         if cfg.top_p < 1.0:
-            if wide_rows and cfg.top_p * total > WIDE_ROW_MASS and blocks is not None:
-                return WideRow(self, weights, total, blocks, [] if head is not None else None)
             got = self._nucleus(weights, total)
             # a wide nucleus (``wide_nucleus``, told from the total: LazyRow draws from none, see _draw_bounds) is
             # drawn without a head: a dense one in block order over the kept weights, none set aside first
@@ -800,17 +778,7 @@ class LogitsPipeline:
             val, tok = [-v for v, _ in order], [-t for _, t in order]
         temperature = self.config.temperature
         top = val[0] / temperature
-        if self.tail:  # candidates in descending order: stop where those left weigh at most tail of the mass so far
-            e, mass, n = [], 0.0, len(val)
-            for j, v in enumerate(val):
-                w = math.exp(v / temperature - top)
-                if (n - j) * w <= self.tail * mass:
-                    val, tok = val[:j], tok[:j]
-                    break
-                e.append(w)
-                mass += w
-        else:
-            e = [math.exp(v / temperature - top) for v in val]
+        e = [math.exp(v / temperature - top) for v in val]
         total = math.fsum(e)
         probs = [x / total for x in e]
         n = len(probs)
@@ -848,28 +816,12 @@ class LogitsPipeline:
         return Dist(ids[:n][order], (kept / kept.sum())[order])
 
     def _nucleus(self, weights: np.ndarray, total: float) -> Dist:
-        """Top-p over dense weights: first among the largest blocks; a large nucleus by a threshold search."""
+        """Top-p over dense weights, by threshold, over a histogram of the weights: the bit patterns of float32
+        numbers >= 0 are ordered as their values, so their top bits name buckets of ever larger weights (1/128 of
+        an octave each). One pass finds each bucket's mass; the bucket where the mass in descending order reaches
+        the target is the only one sorted exactly: above it every token is kept, below it none. (The weights are
+        at most 1, the largest: their buckets are below BUCKETS.)"""
         target = self.config.top_p * total
-        cols = weights.size // BLOCK_ROWS
-        for probe in NUCLEUS_PROBES:
-            if probe > cols // 4 or BLOCK_ROWS * probe < target:
-                break  # no weight exceeds 1 and a probe reads about BLOCK_ROWS per block: too few (the same nucleus)
-            cand = top_candidates(weights, probe)  # every entry >= some bound: a prefix of the top-p order
-            w = weights[cand].astype(np.float64)
-            order = np.lexsort((-cand, -w))
-            w = w[order]
-            before = np.cumsum(w) - w  # the mass before each, as ``_large_nucleus`` decides: float64 sums
-            kept = int(np.count_nonzero((before < target) & (w > 0)))
-            if kept < cand.size:  # the first token not kept is among the candidates: the cut is here
-                return self._top_p_done(cand[order[:kept]], w[:kept])
-        return self._large_nucleus(weights, total, target)
-
-    def _large_nucleus(self, weights: np.ndarray, total: float, target: float) -> Dist:
-        """The nucleus by threshold, over a histogram of the weights: the bit patterns of float32 numbers >= 0 are
-        ordered as their values, so their top bits name buckets of ever larger weights (1/128 of an octave each).
-        One pass finds each bucket's mass; the bucket where the mass in descending order reaches the target is the
-        only one sorted exactly: above it every token is kept, below it none. (The weights are at most 1, the
-        largest: their buckets are below BUCKETS.)"""
         # intp keys and float64 weights (np.add.at's fast path: other types, or bincount, cost 1.6-60x as much),
         # written into reused arrays (fresh ones of this size cost more in page faults than the histogram itself)
         keys = np.right_shift(weights.view(np.int32), HIST_SHIFT, out=self.scratch.take(weights.size, np.intp))
@@ -930,17 +882,12 @@ def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
     return j, float(upto[j - 1]) if j else 0.0
 
 
-DRAFT_TAIL = 1e-3  # the lightest draft candidates, holding together at most this much of q, are not drafted from
-
-
 def draft_pipeline(config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None,
                    policy: str = "match") -> LogitsPipeline:
     """The pipeline a draft model samples with for a request under ``config``: the settings
-    ``config.draft_sampling`` chooses for this vocabulary (its width rules are stated there), a top-k q's
-    lightest candidates left out (at most DRAFT_TAIL of q: acceptance, sum_x min(p, q), moves by at most that
-    much; most of a peaked row's candidates are never exponentiated, sorted or compared). Exact either way: the
-    verifier sees the q each draft token was drawn from."""
-    return LogitsPipeline(draft_sampling(config, policy, vocab_size), vocab_size, scratch, tail=DRAFT_TAIL)
+    ``config.draft_sampling`` chooses for this vocabulary (its width rules are stated there). Exact whatever it
+    chooses: the verifier sees the q each draft token was drawn from."""
+    return LogitsPipeline(draft_sampling(config, policy, vocab_size), vocab_size, scratch)
 
 
 def thin_head(row, pipe: "LogitsPipeline") -> bool:
@@ -1018,8 +965,8 @@ class LazyRow:
     The bounds are rigorous with room to spare, for the float32 results of both computations:
     - the host's weights exp2(float32(float32(s - max) * c)) within a relative W_SLACK + W_SLACK_Y |y| of
       2**y (y their exponent; the float32 roundings and exp2's error are below 1.3e-7 |y| and 2.4e-7) and
-      TINY (the underflow clamp, EXP2_FLOOR); its total (32-entry float32 block sums) within Z_SLACK of the
-      sum of its weights;
+      TINY (float32 underflow: weights below 2**-126 are denormals or 0); its total (32-entry float32 block
+      sums) within Z_SLACK of the sum of its weights;
     - the graph's normalizer: each term exp(float32(float32(l - max) * float32(1 / T))) within 4 ulp + 3 ulp
       |y| of the true one (so within 124 ulp of the whole sum: a term's |y| above 40 weighs under 1e-16), and
       a sum of n positive float32 numbers, in any order, within (n - 1) ulp of the exact one: (block - 1) +
@@ -1425,200 +1372,6 @@ class LazyRow:
         w = 2.0 ** y if y > -1100 else 0.0
         d = self.W_SLACK + self.W_SLACK_Y * abs(y)
         return max(0.0, w * (1.0 - d) - self.TINY), w * (1.0 + d) + self.TINY
-
-
-class WideRow:
-    """A top-p row in verification whose nucleus is wide (top_p times its total above WIDE_ROW_MASS: thousands of
-    tokens, a flat row), read whole: its weights and total are computed, its nucleus only where needed. Finding
-    the nucleus exactly (``LogitsPipeline._large_nucleus``: a histogram of the row and a sort of one bucket) costs
-    more than the rest of the row; what verification asks of such a row rarely needs it:
-
-    - membership: the weights above the nucleus's cut are all kept, those below it none. A strided sample of the
-      row places the cut between two candidate weights (where the sample's mass from the top reaches top_p -/+
-      BAND of it), and one masked float32 dot product each gives their masses from the top (n terms added in any
-      order: within (n - 1) float32 units of the sum, ``_mass_slack``; 0.9% at 152k entries, inside the band):
-      where the mass from ``t_in`` up is below top_p times the total, every weight >= ``t_in`` is kept; where
-      the mass from ``t_out`` up reaches it, every weight < ``t_out`` is not. Tokens between need the nucleus;
-    - a kept token's probability is its weight over the kept sum S, which lies in [top_p * total, top_p * total
-      + the cut's weight] (the cut's weight below ``t_in``): a verdict settles where the acceptance
-      probabilities of both ends agree about the uniform number;
-    - a draw: rejection sampling. A token is drawn from the whole row by its weight (block order) and kept when
-      it is in the nucleus (decided as above, else from the nucleus): the tokens kept are distributed as the
-      nucleus. A residual draw (max(0, p - q) normalized) keeps a kept token outside q's support at once and
-      one inside with probability (p - q)^+ / p (another uniform number; from the bounds of p where they
-      settle it, else from the exact p). Further uniform numbers come from ``more``; after MAX_TRIALS
-      rejections (or without ``more``) the draw is the exact Dist's inverse CDF, which has the same distribution.
-
-    Every decision made from bounds is the one the exact nucleus gives (margins cover every rounding), so the
-    row's distribution is exactly ``LogitsPipeline.row``'s; only how a uniform number maps to a token differs
-    for draws (exact either way: the statistical tests hold both)."""
-
-    __slots__ = ("pipe", "weights", "total", "blocks", "head", "_dist", "_cut", "_out")
-    STRIDE = 16          # the sample: every STRIDE-th weight
-    BAND = 0.02          # the candidate cuts: where the sample's mass from the top reaches top_p -/+ BAND of it
-    S_SLACK = 1e-9       # relative error allowed the exact nucleus's float64 sums
-    MAX_TRIALS = 16
-    P_SLACK = 1e-9
-
-    def __init__(self, pipe: "LogitsPipeline", weights: np.ndarray, total: float, blocks: np.ndarray, head):
-        self.pipe, self.weights, self.total, self.blocks, self.head = pipe, weights, total, blocks, head
-        self._dist: Dist | None = None
-        self._cut = None  # (t_in or None, the kept sum's bounds)
-        self._out = None  # the candidate bound below the cut, then (it or None,) once its mass is checked
-
-    def dist(self) -> Dist:
-        """The row's distribution as ``LogitsPipeline.row`` gives it (its nucleus found exactly, once)."""
-        if self._dist is None:
-            got = self.pipe._nucleus(self.weights, self.total)
-            got.head = self.head
-            self._dist = got
-        return self._dist
-
-    def prob(self, token: int) -> float:
-        return self.dist().prob(token)
-
-    def head_ids(self):
-        return self.head
-
-    def sample(self, rng: np.random.Generator) -> int:
-        return self.draw(rng.random(), rng.random)
-
-    def min_mass(self, other: Dist) -> float:
-        """sum_x min(p(x), q(x)) (statistics: the midpoint of its bounds when they are LazyRow.MASS_WIDTH apart or
-        less)."""
-        if self._dist is None and other.small:
-            q = other.normalized()
-            lo = hi = 0.0
-            for (a, b), x in zip(self._p_bounds_of(list(q)), q.values()):
-                lo, hi = lo + min(a, x), hi + min(b, x)
-            if hi - lo <= LazyRow.MASS_WIDTH:
-                return 0.5 * (lo + hi)
-        return self.dist().min_mass(other)
-
-    def accepts(self, token: int, q: float, u: float) -> bool:
-        if self._dist is None:
-            lo, hi = self._p_bounds(token)
-            a_lo, a_hi = acceptance_probability(lo, q), acceptance_probability(hi, q)
-            if u < a_lo * (1.0 - self.P_SLACK):
-                return True
-            if u >= a_hi * (1.0 + self.P_SLACK):
-                return False
-        return self.dist().accepts(token, q, u)
-
-    def draw(self, u: float, more=None) -> int:
-        if more is None or self._dist is not None:
-            return self.dist().draw(u)
-        for _ in range(self.MAX_TRIALS):
-            x = sample_weights(self.weights, u, self.blocks)
-            if self._kept(x):
-                return x
-            u = more()
-        return self.dist().draw(more())
-
-    def residual(self, draft: Dist, u: float, more=None) -> int:
-        if more is None or self._dist is not None or not draft.small:
-            return self.dist().residual(draft, u)
-        q = draft.normalized()
-        overlap_lo = overlap_hi = 0.0
-        for (a, b), x in zip(self._p_bounds_of(list(q)), q.values()):
-            overlap_lo, overlap_hi = overlap_lo + min(a, x), overlap_hi + min(b, x)
-        if 1.0 - overlap_lo * (1 - 1e-12) <= RESIDUAL_EPS:
-            return self.draw(u, more)  # the residual is noise: p is drawn from (as residual_draw does)
-        if not 1.0 - overlap_hi * (1 + 1e-12) > RESIDUAL_EPS:
-            return self.dist().residual(draft, u)
-        for _ in range(self.MAX_TRIALS):
-            x = sample_weights(self.weights, u, self.blocks)
-            if self._kept(x):
-                qx = q.get(x)
-                if qx is None:
-                    return x
-                v = more()  # kept with probability (p - q)^+ / p = max(0, 1 - q / p)
-                lo, hi = self._p_bounds(x)
-                a_lo = max(0.0, 1.0 - qx / lo) if lo > 0 else 0.0
-                a_hi = max(0.0, 1.0 - qx / hi) if hi > 0 else 0.0
-                if not v < a_lo * (1 - self.P_SLACK) and v < a_hi * (1 + self.P_SLACK) + 1e-15:
-                    p = self.dist().prob(x)  # at the edge: the exact p decides
-                    a_lo = a_hi = max(0.0, 1.0 - qx / p) if p > 0 else 0.0
-                if v < a_lo * (1 - self.P_SLACK) or (a_lo == a_hi and v < a_lo):
-                    return x
-            u = more()
-        return self.dist().residual(draft, more())
-
-    def _bounds(self):
-        """(t_in, S_lo, S_hi): every weight >= t_in is kept (None: no such bound), and the kept sum lies in
-        [S_lo, S_hi]. (The bound below the cut, ``_t_out``, is found only where a token under t_in asks.)"""
-        if self._cut is None:
-            w, top_p = self.weights, self.pipe.config.top_p
-            target = top_p * self.total
-            sample = np.sort(w[::self.STRIDE])  # ascending: where the mass from the bottom reaches 1 - f of the
-            mass = np.cumsum(sample, dtype=np.float64)  # sample's, the mass from the top is about f of it
-            n = sample.size
-            at = np.searchsorted(mass, [(1.0 - top_p + self.BAND) * mass[-1], (1.0 - top_p - self.BAND) * mass[-1]])
-            t_hi, t_lo = (float(sample[min(int(i), n - 1)]) for i in at)
-            t_in = t_hi if t_hi > 0 and self._mass_from(t_hi) * (1 + _mass_slack(w.size)) < \
-                target * (1 - self.S_SLACK) else None
-            # the kept sum: at least top_p * total, less than that plus the last kept weight (below t_in)
-            s_hi = (target + (t_in if t_in is not None else 1.0)) * (1 + self.S_SLACK)
-            self._cut = (t_in, target * (1 - self.S_SLACK), s_hi)
-            self._out = t_lo  # (the candidate; its mass is checked when first needed)
-        return self._cut
-
-    def _t_out(self) -> float | None:
-        """Every weight below it is not kept (None: no such bound)."""
-        self._bounds()  # (sets the candidate)
-        if not isinstance(self._out, tuple):
-            t_lo, target = self._out, self.pipe.config.top_p * self.total
-            ok = self._mass_from(t_lo) * (1 - _mass_slack(self.weights.size)) > target * (1 + self.S_SLACK)
-            self._out = (t_lo if ok else None,)
-        return self._out[0]
-
-    def _mass_from(self, t: float) -> float:
-        """The sum of the weights >= t: a float32 dot product with the mask (BLAS; within ``_mass_slack``)."""
-        w = self.weights
-        keep = np.greater_equal(w, np.float32(t), out=self.pipe.scratch.take(w.size))  # (1.0 / 0.0)
-        return float(np.dot(w, keep))
-
-    def _inside(self, token: int, w: float | None = None) -> bool | None:
-        """Whether ``token`` (of weight ``w``, read here if not given) is in the nucleus, where the bounds tell;
-        None where they do not."""
-        if not 0 <= token < self.weights.size:
-            return False
-        t_in = self._bounds()[0]
-        w = float(self.weights[token]) if w is None else w
-        if t_in is not None and w >= t_in:
-            return True
-        t_out = self._t_out()
-        if t_out is not None and w < t_out:
-            return False
-        return None
-
-    def _kept(self, token: int) -> bool:
-        inside = self._inside(token)
-        return self.dist().prob(token) > 0.0 if inside is None else inside
-
-    def _p_bounds(self, token: int) -> tuple[float, float]:
-        return self._p_bounds_of([token])[0]
-
-    def _p_bounds_of(self, tokens: list[int]) -> list[tuple[float, float]]:
-        """Bounds of p(t) for each token: its weight over the kept sum's bounds in the nucleus, 0 outside it, and
-        between 0 and the upper one where membership is not told."""
-        _, s_lo, s_hi = self._bounds()
-        vocab = self.weights.size
-        inside_ids = [t for t in tokens if 0 <= t < vocab]
-        weights = dict(zip(inside_ids, self.weights[inside_ids].tolist())) if inside_ids else {}
-        out = []
-        for t in tokens:
-            w = weights.get(t)
-            inside = False if w is None else self._inside(t, w)
-            out.append((0.0, 0.0) if inside is False else ((w / s_hi if inside else 0.0), w / s_lo))
-        return out
-
-
-def _mass_slack(n: int) -> float:
-    """Relative error of a float32 sum of ``n`` non-negative terms, added in any order (a BLAS dot product): at
-    most (n - 1) u / (1 - (n - 1) u), u = 2**-24 (float32's unit roundoff), with a margin."""
-    e = (n - 1) * 2.0 ** -24
-    return 1.01 * e / (1.0 - e) if e < 0.5 else math.inf
 
 
 def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[int], list[float], float]:

@@ -7,7 +7,7 @@ the exact marginals come from the reference (``ortspec.reference``) over fresh f
 target: P(x1) and P(x1, x2) for every x1 likely enough to be counted (the other first tokens pooled in one
 cell). Pooled chi-square tests at alpha = 0.001 (Bonferroni over the two). The settings reach each row path:
 a top-p nucleus without top-k (LazyRow), a low temperature over dense rows (the exp2 clamp), flat rows under a
-wide nucleus (WideRow), top-k 20 with top-p 0.8 and a penalty, top-k 300 under a penalty below 1 with a 19-token
+wide nucleus, top-k 20 with top-p 0.8 and a penalty, top-k 300 under a penalty below 1 with a 19-token
 bad word, and bad words with target-only decoding. Each has a negative control that the same test rejects: a
 verifier resampling from p instead of the residual (drafters), or the bans left out (target-only).
 """
@@ -26,6 +26,8 @@ from ortspec.config import SamplingConfig
 from ortspec.logits import draft_pipeline
 from ortspec.reference import distribution
 from stats_util import ALPHA, chi_square_p, sample_pairs
+
+pytestmark = pytest.mark.slow  # (about a minute of seeded generations)
 
 V = 50_021
 PROMPT = [1, 7, 19, 400, 7, 19, 400, 33, 5, 7, 19, 400, 2000, 31, 7, 19, 400, 45, 8, 7, 19, 400, 9, 7]

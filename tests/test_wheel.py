@@ -1,0 +1,72 @@
+"""The package as users get it: a wheel and an sdist built from this tree, the wheel installed into a fresh
+virtual environment, and the commands run from it with the source tree nowhere on the path."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import REPO
+
+
+def _run(args, cwd, **kw):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def wheel_env(tmp_path_factory):
+    """(the wheel, the venv's bin directory, a working directory outside the tree)."""
+    pytest.importorskip("build")
+    work = tmp_path_factory.mktemp("wheel")
+    dist = work / "dist"
+    got = _run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--sdist", "--outdir", dist, REPO],
+               cwd=work)
+    assert got.returncode == 0, got.stderr[-2000:]
+    wheel = next(dist.glob("ortspec-*.whl"))
+    assert next(dist.glob("ortspec-*.tar.gz"))
+    venv = work / "venv"
+    # the dependencies come from this interpreter's site-packages; ortspec itself only from the wheel
+    assert _run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=work).returncode == 0
+    bin_dir = venv / "bin"
+    got = _run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", wheel],
+               cwd=work)
+    assert got.returncode == 0, got.stderr[-2000:]
+    return wheel, bin_dir, work
+
+
+def test_the_wheel_carries_the_recipes_and_prompt_sets(wheel_env):
+    names = zipfile.ZipFile(wheel_env[0]).namelist()
+    for want in ("ortspec/export/pairs/smollm2-135m.toml", "ortspec/export/pairs/qwen2.5-coder.toml",
+                 "ortspec/data/dev.jsonl", "ortspec/data/long.jsonl", "ortspec/data/quality.txt",
+                 "ortspec/reference.py", "ortspec/export/api.py"):
+        assert want in names, want
+
+
+def test_the_installed_package_is_the_wheels(wheel_env):
+    from ortspec import __version__
+    _, bin_dir, work = wheel_env
+    got = _run([bin_dir / "ortspec", "--version"], cwd=work)
+    assert got.returncode == 0 and got.stdout.strip() == f"ortspec {__version__}"
+    got = _run([bin_dir / "python", "-c", "import ortspec, ortspec.export.recipes as r; "
+                "print(ortspec.__file__); print(','.join(r.recipe_names()))"], cwd=work)
+    where, names = got.stdout.split()
+    assert Path(where).is_relative_to(bin_dir.parent) and not Path(where).is_relative_to(REPO), where
+    assert {"smollm2-135m", "qwen2.5-coder"} <= set(names.split(","))
+
+
+@pytest.mark.slow
+def test_recipe_export_and_an_answer_from_the_wheel(wheel_env):
+    """The README's first command as a user of the wheel runs it: only ortspec's own lines are printed."""
+    _, bin_dir, work = wheel_env
+    got = _run([bin_dir / "ortspec", "generate", work / "smol", "--recipe", "smollm2-135m", "--chat",
+                "--prompt", "Explain a KV cache in one sentence.", "--max-new-tokens", "12"], cwd=work, timeout=600)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.strip()  # the answer
+    lines = [line for line in got.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("[ortspec") or line.startswith("ortspec") or "tokens/s" in line
+                         for line in lines), lines

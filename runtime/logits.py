@@ -164,9 +164,8 @@ class Dist:
         return self.head
 
     def residual(self, draft: "Dist", u: float, more=None) -> int:
-        """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (verify.residual_draw); by rejection
+        """The draw from normalize(max(0, p - q)) for the uniform number ``u`` (``residual_draw``); by rejection
         where further uniform numbers come (``more``) and the row is thin (``_thin``)."""
-        from .verify import residual_draw
         if more is not None and draft.small and self._thin():
             return self._thin_residual(draft, u, more)
         return residual_draw(self, draft, u)
@@ -191,7 +190,6 @@ class Dist:
         support and with probability max(0, 1 - q / p) inside it (q normalized, as residual_draw takes it); the
         tokens kept are distributed as the residual. After THIN_TRIALS rejections, residual_draw with a fresh
         uniform number (the same distribution)."""
-        from .verify import residual_draw
         q = draft.normalized()
         w = self.weights
         ids = [t for t in q if 0 <= t < w.size]
@@ -278,6 +276,59 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 
 RESIDUAL_EPS = 1e-12   # below this mass the residual max(0, p - q) is numerical noise: p == q
 HEAD_MIN = 2.0 ** -10  # a dense row without a head given: weights at least this (the largest is 1) drawn first
+
+
+def residual(target_probs: np.ndarray, draft_probs: np.ndarray) -> np.ndarray:
+    """normalize(max(0, p - q)); falls back to p when p and q coincide."""
+    r = np.maximum(target_probs - draft_probs, 0.0)
+    total = r.sum()
+    if total <= RESIDUAL_EPS:
+        return target_probs
+    return r / total
+
+
+def residual_draw(target: Dist, draft: Dist, u: float) -> int:
+    """One draw from normalize(max(0, p - q)) for the uniform number ``u``; from p when p and q coincide (the
+    residual's mass below RESIDUAL_EPS)."""
+    head = target.head_ids()  # (ids drawn first, where the target's rows have a head: over the union too)
+    if target.small and draft.small:  # plain Python over the union of two small supports
+        there = dict(zip(draft.tokens, draft.plist))
+        mass = dict(zip(target.tokens, target.plist))
+        ids = sorted(set(mass) | set(there))
+        r = [max(mass.get(t, 0.0) - there.get(t, 0.0), 0.0) for t in ids]
+        if math.fsum(r) <= RESIDUAL_EPS:
+            return target.draw(u)
+        if head is not None:
+            ids, r = head_first_lists(ids, r, head)
+        return ids[inverse_cdf_list(r, u)]
+    if target.sparse and draft.sparse:
+        ids = np.union1d(target.ids, draft.ids)
+        r = np.maximum(target.probs_of(ids) - draft.probs_of(ids), 0.0)
+        if r.sum() <= RESIDUAL_EPS:
+            return target.draw(u)
+        if head is not None:
+            ids, r = head_first(ids, r, head)
+        cdf = np.cumsum(r)
+        return int(ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), ids.size - 1)])
+    if not target.sparse and draft.sparse:  # the usual dense case: q lives on a few ids, p everywhere
+        p_there = target.probs_of(draft.ids)
+        overlap = np.minimum(p_there, draft.probs / draft.probs.sum())
+        if 1.0 - overlap.sum() <= RESIDUAL_EPS:
+            return target.draw(u)
+        # the residual's weights: p's with q's ids lowered, in place (put back after the draw; no copy of the row)
+        weights, ids = target.weights, draft.ids
+        was = weights[ids]
+        weights[ids] = ((p_there - overlap) * target.total).astype(np.float32)
+        try:
+            blocks = block_sums(weights)
+            return draw_weights(weights, _total(weights, blocks), u, head, blocks)
+        finally:
+            weights[ids] = was
+    width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
+    r = residual(target.dense(width), draft.dense(width))
+    cdf = np.cumsum(r)
+    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), r.shape[0] - 1)
+
 
 
 def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | None = None,

@@ -9,13 +9,14 @@ sampling. Greedy: accept d_i iff it is the target's argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import math
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .logits import (RESIDUAL_EPS, Dist, _total, acceptance_probability, draw_weights,  # noqa: F401 (re-exported)
-                     block_sums, head_first, head_first_lists, inverse_cdf_list)
+from .logits import RESIDUAL_EPS, Dist, acceptance_probability, residual, residual_draw
+
+__all__ = ["RESIDUAL_EPS", "Dist", "Verdict", "Uniforms", "acceptance_probability", "residual", "residual_draw",
+           "sample", "sampled_verify", "verify_dists", "greedy_verify"]
 
 
 class Uniforms:
@@ -60,15 +61,6 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     return min(idx, probs.shape[0] - 1)
 
 
-def residual(target_probs: np.ndarray, draft_probs: np.ndarray) -> np.ndarray:
-    """normalize(max(0, p - q)); falls back to p when p and q coincide."""
-    r = np.maximum(target_probs - draft_probs, 0.0)
-    total = r.sum()
-    if total <= RESIDUAL_EPS:
-        return target_probs
-    return r / total
-
-
 def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
                    target_probs: np.ndarray, rng: np.random.Generator) -> Verdict:
     """Verify ``gamma`` drafted tokens against ``gamma + 1`` target distributions (dense arrays).
@@ -100,53 +92,6 @@ def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], targe
         if not target.accepts(tok, draft.prob(tok), rng.random()):
             return Verdict(i, target.residual(draft, rng.random(), rng.random), False)
     return Verdict(gamma, target_dist(gamma).draw(rng.random(), rng.random), True)
-
-
-def residual_sample(target: Dist, draft: Dist, rng: np.random.Generator) -> int:
-    """One draw from normalize(max(0, p - q)); from p when p and q coincide (residual mass ~0)."""
-    return residual_draw(target, draft, rng.random())
-
-
-def residual_draw(target: Dist, draft: Dist, u: float) -> int:
-    """``residual_sample`` for the uniform number ``u``."""
-    head = target.head_ids()  # (ids drawn first, where the target's rows have a head: over the union too)
-    if target.small and draft.small:  # plain Python over the union of two small supports
-        there = dict(zip(draft.tokens, draft.plist))
-        mass = dict(zip(target.tokens, target.plist))
-        ids = sorted(set(mass) | set(there))
-        r = [max(mass.get(t, 0.0) - there.get(t, 0.0), 0.0) for t in ids]
-        if math.fsum(r) <= RESIDUAL_EPS:
-            return target.draw(u)
-        if head is not None:
-            ids, r = head_first_lists(ids, r, head)
-        return ids[inverse_cdf_list(r, u)]
-    if target.sparse and draft.sparse:
-        ids = np.union1d(target.ids, draft.ids)
-        r = np.maximum(target.probs_of(ids) - draft.probs_of(ids), 0.0)
-        if r.sum() <= RESIDUAL_EPS:
-            return target.draw(u)
-        if head is not None:
-            ids, r = head_first(ids, r, head)
-        cdf = np.cumsum(r)
-        return int(ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), ids.size - 1)])
-    if not target.sparse and draft.sparse:  # the usual dense case: q lives on a few ids, p everywhere
-        p_there = target.probs_of(draft.ids)
-        overlap = np.minimum(p_there, draft.probs / draft.probs.sum())
-        if 1.0 - overlap.sum() <= RESIDUAL_EPS:
-            return target.draw(u)
-        # the residual's weights: p's with q's ids lowered, in place (put back after the draw; no copy of the row)
-        weights, ids = target.weights, draft.ids
-        was = weights[ids]
-        weights[ids] = ((p_there - overlap) * target.total).astype(np.float32)
-        try:
-            blocks = block_sums(weights)
-            return draw_weights(weights, _total(weights, blocks), u, head, blocks)
-        finally:
-            weights[ids] = was
-    width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))
-    r = residual(target.dense(width), draft.dense(width))
-    cdf = np.cumsum(r)
-    return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), r.shape[0] - 1)
 
 
 def greedy_verify(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:

@@ -1,6 +1,12 @@
 """Goodness-of-fit helpers for the statistical tests."""
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+import multiprocessing
+import os
+from pathlib import Path
+
 import numpy as np
 from ortspec.stats import pooled_chi_square
 
@@ -19,6 +25,16 @@ def grouped(counts: np.ndarray, probs: np.ndarray, groups: int = 50, apart=()) -
     order = order[(probs[order] > 0) & ~np.isin(order, apart)]
     parts = np.array_split(order, groups) + ([np.asarray(apart)] if len(apart) else [])
     return np.array([counts[g].sum() for g in parts]), np.array([probs[g].sum() for g in parts])
+
+
+@contextmanager
+def worker_pool(workers: int):
+    """Spawned worker processes for seeded generations; they import this module (the tests directory goes on
+    their path)."""
+    tests_dir = str(Path(__file__).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield ex
 
 
 _GENERATORS: dict = {}

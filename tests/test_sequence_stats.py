@@ -8,11 +8,7 @@ injects a verifier that resamples from p instead of the residual.
 """
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 import itertools
-import multiprocessing
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +16,7 @@ import pytest
 from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
 from ortspec.logits import LogitsPipeline
-from stats_util import ALPHA, chi_square_p, sample_prefixes
+from stats_util import ALPHA, chi_square_p, sample_prefixes, worker_pool
 
 V, K, N = 16, 3, 20_000
 PROMPT = [1, 5, 9, 5]
@@ -37,9 +33,7 @@ SETTINGS = [
 
 @pytest.fixture(scope="module")
 def pool():
-    tests_dir = str(Path(__file__).parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
-    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as ex:
+    with worker_pool(WORKERS) as ex:
         yield ex
 
 

@@ -13,9 +13,6 @@ verifier resampling from p instead of the residual (drafters), or the bans left 
 """
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
-import multiprocessing
-import os
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
 from ortspec.logits import draft_pipeline
 from ortspec.reference import distribution
-from stats_util import ALPHA, chi_square_p, sample_pairs
+from stats_util import ALPHA, chi_square_p, sample_pairs, worker_pool
 
 pytestmark = pytest.mark.slow  # (about a minute of seeded generations)
 
@@ -47,9 +44,7 @@ def wide_bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pool():
-    tests_dir = str(Path(__file__).parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH")]))
-    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("spawn")) as ex:
+    with worker_pool(WORKERS) as ex:
         yield ex
 
 

@@ -18,8 +18,9 @@ from ortspec.bench import load_prompts
 from ortspec.bundle import load_bundle
 from ortspec.exactness import greedy_check, invariance_check
 from ortspec.model import CausalLM
+from ortspec.shipped import DEV_PROMPTS, shipped
 
-PROMPTS = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
+PROMPTS = shipped(DEV_PROMPTS)
 
 
 def main() -> None:

@@ -19,7 +19,9 @@ import statistics
 import sys
 import time
 
-DEV = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
+from ortspec.shipped import DEV_PROMPTS, shipped
+
+DEV = shipped(DEV_PROMPTS)
 SAMPLED = dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import sys
 
 import numpy as np
 
-LONG = Path(__file__).with_name("prompts") / "long.jsonl"
+from ortspec.shipped import LONG_PROMPTS, shipped
+
+LONG = shipped(LONG_PROMPTS)
 
 
 def main() -> int:

@@ -32,6 +32,8 @@ import importlib.util
 from pathlib import Path
 import sys
 
+from ortspec.shipped import DEV_PROMPTS, shipped
+
 # Every setting names all four knobs (those it does not change at their neutral values), so a bundle's own
 # generation config (Qwen2.5's top-p 0.8, say) never fills one in: each row means the same on every bundle.
 NEUTRAL = dict(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0)
@@ -45,7 +47,7 @@ SETTINGS = {
     "top-p 0.9, no top-k": dict(NEUTRAL, top_p=0.9),
     "repetition penalty 1.1, no top-k": dict(NEUTRAL, repetition_penalty=1.1),
 }
-PROMPTS = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
+PROMPTS = shipped(DEV_PROMPTS)
 
 
 def load_release(path: Path, name: str = "ortspec_against"):

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import statistics
 import subprocess
 import sys
 import time
 
+from ortspec.shipped import DEV_PROMPTS, shipped
+
 SETTINGS = ("shared", "session", "session-nospin")
-PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+PROMPTS = shipped(DEV_PROMPTS)
 
 
 def one_run(setting: str, bundle: str, prompts: list[str], tokens: int) -> dict:

@@ -508,14 +508,15 @@ def test_first_token_follows_p_where_the_nucleus_reaches_past_the_entries_read(n
         rng = np.random.default_rng(1)
         counts = np.zeros(vocab, dtype=np.int64)
         settled = pipe.lazy_settled
-        for _ in range(40_000):
+        for _ in range(15_000):
             d = q.sample(rng)
             v = verify.verify_dists([d], [q], lambda i: cls(pipe, graph_row, [], []) if i == 0 else bonus, rng)
             counts[d if v.accepted else v.next_token] += 1
         assert counts[np.setdiff1d(np.arange(vocab), support)].sum() == 0 or not passes
-        assert (chi_square_p(counts[support], exact[support]) > ALPHA) == passes, cls.__name__
+        p_value = chi_square_p(counts[support], exact[support])
+        assert (p_value > ALPHA) == passes, cls.__name__
         if cls is LazyRow:
-            assert pipe.lazy_settled - settled > 20_000  # the verdicts came from the bounds
+            assert pipe.lazy_settled - settled > 7_500  # the verdicts came from the bounds
 
 
 def test_rows_without_a_normalizer_read_the_whole_row(norm_graph):

@@ -1,7 +1,7 @@
 """Whole-sequence statistics on a vocab-16 pair: speculative output ~ exact target-only distribution.
 
 Every continuation of 3 tokens gets its exact target-only probability from
-the target graph; 20k seeded speculative generations per setting (each run
+the target graph; 12,000 seeded speculative generations per setting (each run
 for gamma + 1 tokens, so that full rounds of gamma drafts happen) are compared
 with it by a pooled chi-square test at alpha = 0.001. The negative control
 injects a verifier that resamples from p instead of the residual.
@@ -18,7 +18,7 @@ from ortspec.config import SamplingConfig
 from ortspec.logits import LogitsPipeline
 from stats_util import ALPHA, chi_square_p, sample_prefixes, worker_pool
 
-V, K, N = 16, 3, 20_000
+V, K, N = 16, 3, 12_000
 PROMPT = [1, 5, 9, 5]
 WORKERS = 2
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # (about a minute of seeded generations)
 
 V = 50_021
 PROMPT = [1, 7, 19, 400, 7, 19, 400, 33, 5, 7, 19, 400, 2000, 31, 7, 19, 400, 45, 8, 7, 19, 400, 9, 7]
-N, N_CONTROL = 1000, 600
+N, N_CONTROL = 800, 500
 WORKERS = 2
 
 
@@ -153,7 +153,7 @@ def test_speculative_marginals_equal_the_target_at_a_real_width(pool, wide_bundl
     prompt = _echo(target, sampling["temperature"]) if drafter in ("prompt_lookup", "hybrid") else PROMPT
     exact = Exact(target, sampling, N, draft if drafter != "prompt_lookup" else None, prompt)
     pairs, drafted, accepted = _sample(pool, wide_bundle, drafter, gamma, sampling, N, prompt=prompt)
-    assert accepted >= 50 and drafted - accepted >= 100, (drafted, accepted)
+    assert accepted >= 40 and drafted - accepted >= 100, (drafted, accepted)
     assert exact.p_value(pairs) > ALPHA
     wrong, _, _ = _sample(pool, wide_bundle, drafter, gamma, sampling, N_CONTROL, wrong=control, seed0=10 ** 6,
                           prompt=prompt)

@@ -162,3 +162,12 @@ def test_decoding_vocabulary_cuts_only_padding():
     assert decoding_vocab(bundle, None, False) == 160
     assert decoding_vocab(NS(target=NS(output_vocab=160), draft=None), None, False) == 160
     assert decoding_vocab(NS(target=NS(output_vocab=150), draft=NS(output_vocab=160)), None, True) == 150
+
+
+def test_the_generator_drops_an_end_of_sequence_word_as_transformers_does(ids_bundle):
+    from ortspec import SpeculativeGenerator
+    gen = SpeculativeGenerator.load(ids_bundle, drafter="none")
+    stream = gen.stream(input_ids=[1, 5], bad_words_ids=[[2], [5, 2], [7]], eos_token_id=2, max_new_tokens=2)
+    assert stream._req.sampling.bad_words_ids == ((5, 2), (7,))
+    stream = gen.stream(input_ids=[1, 5], bad_words_ids=[[2], [7]], eos_token_id=[3], max_new_tokens=2)
+    assert stream._req.sampling.bad_words_ids == ((2,), (7,))

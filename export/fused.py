@@ -43,7 +43,7 @@ import numpy as np
 
 from ortspec.errors import ExportError
 
-from .graph import KEEP_INPUT
+from .names import KEEP_INPUT
 
 SUPPORTED = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3_text")
 GEMMA = ("gemma2", "gemma3_text")

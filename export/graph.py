@@ -9,15 +9,9 @@ import warnings
 
 from ortspec.errors import ExportError
 
-DATA_SUFFIX = ".data"
-KEEP_INPUT = "logits_to_keep"
-# the largest logits of every kept row, found inside the pass: an int64 [1] input asks for K of them, and two
-# outputs hold their values (float32) and columns [1, rows, K] (TopK: descending, ties by lower column)
-TOP_LOGITS = {"k": "logits_top_k", "values": "top_values", "ids": "top_ids"}
-# A target graph's normalizer per kept row: sum_i exp((logit_i - max) * scale), scale (float32 [1]) fed per request
-# (1 / temperature). Summed in blocks of NORM_BLOCK entries, then over the blocks, where the width allows.
-LOGITS_NORM = {"scale": "logits_norm_scale", "norm": "logits_norm"}
-NORM_BLOCK = 32
+from .fused import build_fused, supports
+from .names import DATA_SUFFIX, KEEP_INPUT, LOGITS_NORM, NORM_BLOCK, TOP_LOGITS
+
 _KV_IN = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
 _KV_OUT = re.compile(r"^present\.(\d+)\.(key|value)$")
 
@@ -27,7 +21,6 @@ GRAPHS = ("auto", "fused", "optimum")
 
 def choose_graph(model, graph: str) -> str:
     """Resolve "auto": the fused builder where it supports the model, else optimum."""
-    from .fused import supports
     if graph not in GRAPHS:
         raise ValueError(f"graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
     if graph == "auto":
@@ -38,7 +31,6 @@ def choose_graph(model, graph: str) -> str:
 def export_model(model, out_dir: Path, graph: str = "auto", dtype: str = "fp32") -> Path:
     """Write out_dir/model.onnx + model.onnx.data: the fused graph, or optimum's export consolidated."""
     if choose_graph(model, graph) == "fused":
-        from .fused import build_fused
         return build_fused(model, out_dir, dtype)
     if dtype != "fp32":
         raise ExportError("fp16 bundles need the fused graph (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3); "

@@ -64,7 +64,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
-    from ortspec.model import shared_thread_pool_active
+    from ortspec.engine import shared_thread_pool_active
     if shared_thread_pool_active():
         raise ExportError("this process runs onnxruntime on its shared thread pool (thread_pool='shared'), which "
                           "the exporters' own onnxruntime sessions cannot use; export in another process or "

@@ -8,7 +8,7 @@ from .errors import (BundleError, CacheOverflowError, ExportError, IncompatibleM
                      ModelRunError, OrtspecError, ProviderUnavailableError)
 from .generator import Event, InvariantError, Result, SpeculativeGenerator, Stats
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "SpeculativeGenerator", "Result", "Stats", "Event", "SamplingConfig", "SpeculationConfig",

@@ -18,9 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .logits import LogitsPipeline
+from .sampling import LogitsPipeline
 from .config import SamplingConfig
-from .drafters import common_prefix
+from .drafting import common_prefix
 from .errors import OrtspecError
 
 
@@ -173,7 +173,7 @@ class MemoLM:
 
     def __init__(self, lm, max_bytes: int = 1_500_000_000):
         self.lm, self.spec, self.provider = lm, lm.spec, lm.provider
-        self.static = getattr(lm, "static", False)
+        self.static = lm.static
         self.tokens: list[int] = []
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self._max_rows = max(64, max_bytes // (4 * lm.spec.output_vocab))
@@ -211,7 +211,13 @@ class MemoLM:
         self.reset()
         return self.forward(ids, keep)
 
-    def forward(self, ids, keep=None) -> np.ndarray:
+    def new_round(self) -> None:
+        pass  # (memoized rows are copies of its own)
+
+    def release_rows(self) -> None:
+        pass
+
+    def forward(self, ids, keep=None, reuse=False) -> np.ndarray:
         full = self.tokens + [int(t) for t in ids]
         start = len(self.tokens)
         keys = [tuple(full[: j + 1]) for j in range(start, len(full))]
@@ -278,7 +284,7 @@ def memoized_generator(bundle_dir: str, drafter: str, provider: str = "cpu", thr
     gen = SpeculativeGenerator.load(bundle_dir, provider=provider, drafter=drafter, threads=threads, verify="none",
                                     thread_pool=thread_pool, draft_kv="own")
     gen.target = MemoLM(gen.target)
-    if getattr(gen.drafter, "lm", None) is not None:
+    if gen.drafter.lm is not None:
         gen.drafter.lm = MemoLM(gen.drafter.lm)
     return gen
 
@@ -294,7 +300,7 @@ def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma
     per_prefix = max(1, samples // len(prefixes))
     tests, p_values = [], []
     for pi, prefix in enumerate(prefixes):
-        for lm in (gen.target, getattr(gen.drafter, "lm", None)):
+        for lm in (gen.target, gen.drafter.lm):
             if isinstance(lm, MemoLM):
                 lm.horizon = (len(prefix), k_max)
         seqs = []
@@ -345,7 +351,7 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     use it to plant bugs the check must catch).
     """
     from .bundle import load_bundle
-    from .model import CausalLM
+    from .engine import CausalLM
     bundle = load_bundle(bundle_dir)
     drafter = drafter or ("model" if bundle.draft is not None else "prompt_lookup")
     say = progress or (lambda *_: None)

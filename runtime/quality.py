@@ -35,7 +35,7 @@ def compare_models(candidate: str, reference: str, text: str, tokens: int | None
     tools' numbers on one text are then comparable. ``tokens`` None takes every whole window of the text
     (without a window: 400 tokens); a remainder shorter than a window is left out, as there."""
     from .bundle import load_bundle
-    from .model import CausalLM
+    from .engine import CausalLM
     from .text import TextCodec
 
     reference_which = reference_which or which

@@ -15,7 +15,7 @@ rule in exact terms, computed in float64: in descending order of score, the high
 is kept iff the probability mass strictly before it is below top_p (the first token always). The two agree
 except where the mass before a token is within float32 rounding of top_p.
 
-The distribution is the float64 softmax of the warped float32 scores. Every fast path in ``ortspec.logits``
+The distribution is the float64 softmax of the warped float32 scores. Every fast path in ``ortspec.sampling``
 and the decoding loop is tested against these functions.
 """
 from __future__ import annotations

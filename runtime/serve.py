@@ -12,251 +12,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 import hmac
 import json
 import logging
-import math
 import threading
 import time
-import uuid
 
 from .config import SpeculationConfig
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
+from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, failed_error, finish_reason_of, parse_request,
+                   response_body, sse_event, stream_chunk, usage_of)
 
 log = logging.getLogger("ortspec.serve")
-
-MAX_STOP = 4                 # stop strings per request, as OpenAI allows
-DEFAULT_MAX_BODY = 4 << 20   # bytes
-DRAFTER_NAMES = {"model": "model", "hybrid": "hybrid", "prompt_lookup": "prompt_lookup",
-                 "prompt-lookup": "prompt_lookup", "none": "none"}
-# Fields a client may send that change output in ways ortspec does not implement: refused, not ignored.
-UNSUPPORTED = {
-    "tools": "tool calls are not supported",
-    "tool_choice": "tool calls are not supported",
-    "functions": "function calls are not supported",
-    "function_call": "function calls are not supported",
-    "logit_bias": "logit_bias is not supported",
-    "top_logprobs": "logprobs are not supported",
-    "suffix": "suffix (insertion) is not supported",
-    "audio": "audio output is not supported",
-    "prediction": "predicted outputs are not supported; ortspec speculates on its own",
-}
-
-
-class ApiError(Exception):
-    """A request the server answers with an OpenAI-style error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                             413: "invalid_request_error", 429: "rate_limit_error",
-                             504: "timeout_error"}.get(status, "server_error")
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-# -- request parsing (pure functions: body dict -> Job, or ApiError) -------------------------------------------
-
-@dataclass
-class Job:
-    """One checked request: what to generate and how to answer."""
-
-    kind: str                       # "chat" | "completion"
-    source: dict                    # prompt=..., messages=... or input_ids=... for SpeculativeGenerator.stream
-    options: dict                   # the rest of stream()'s keyword arguments
-    drafter: str | None
-    stop: list[str]
-    max_tokens: int | None
-    stream: bool
-    include_usage: bool
-    model: str = ""
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
-    created: int = field(default_factory=lambda: int(time.time()))
-
-
-def _number(body: dict, name: str, low: float | None = None, high: float | None = None,
-            low_open: bool = False) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"{name} must be a number, got {value!r}", name)
-    if low is not None and (value <= low if low_open else value < low):
-        raise ApiError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
-    if high is not None and value > high:
-        raise ApiError(400, f"{name} must be <= {high}, got {value}", name)
-    return float(value)
-
-
-def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f" and <= {high}" if high is not None else ""
-        raise ApiError(400, f"{name} must be an integer >= {low}{bound}, got {value!r}", name)
-    return value
-
-
-def _boolean(body: dict, name: str, default: bool = False) -> bool:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
-    return value
-
-
-def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> Job:
-    """Check a /v1/chat/completions (kind "chat") or /v1/completions ("completion") body."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != model_id:
-        raise ApiError(400, f"model {model!r} is not served here; this server serves {model_id!r} "
-                            "(GET /v1/models lists it)", "model", "model_not_found")
-    for name, why in UNSUPPORTED.items():
-        if body.get(name) not in (None, [], {}):
-            raise ApiError(400, f"{name}: {why}", name, "unsupported_parameter")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if _number(body, name) not in (None, 0.0):
-            raise ApiError(400, f"{name} is not supported; use repetition_penalty (Hugging Face semantics, "
-                                "> 1 discourages repeats)", name, "unsupported_parameter")
-    if body.get("logprobs") not in (None, False, 0):
-        raise ApiError(400, "logprobs are not supported", "logprobs", "unsupported_parameter")
-    n = body.get("n", 1)
-    if n not in (None, 1) or isinstance(n, bool):
-        raise ApiError(400, f"n must be 1 (one choice per request), got {n!r}", "n")
-    best_of = body.get("best_of", 1)
-    if best_of not in (None, 1) or isinstance(best_of, bool):
-        raise ApiError(400, f"best_of must be 1, got {best_of!r}", "best_of")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise ApiError(400, "response_format: only {\"type\": \"text\"} is supported", "response_format",
-                       "unsupported_parameter")
-    if _boolean(body, "echo"):
-        raise ApiError(400, "echo is not supported", "echo", "unsupported_parameter")
-
-    if kind == "chat":
-        messages = body.get("messages")
-        if "prompt" in body:
-            raise ApiError(400, "/v1/chat/completions takes messages, not prompt (use /v1/completions)", "prompt")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
-        source = {"messages": messages}
-    else:
-        if "messages" in body:
-            raise ApiError(400, "/v1/completions takes prompt, not messages (use /v1/chat/completions)",
-                           "messages")
-        source = {"prompt": _prompt(body.get("prompt"))} if not _is_ids(body.get("prompt")) \
-            else {"input_ids": _ids(body.get("prompt"))}
-
-    max_tokens = _integer(body, "max_completion_tokens", 1)
-    if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", 1)
-    temperature = _number(body, "temperature", 0.0)
-    top_p = _number(body, "top_p", 0.0, 1.0, low_open=True)
-    top_k = _integer(body, "top_k", 0)
-    penalty = _number(body, "repetition_penalty", 0.0, low_open=True)
-    seed = _integer(body, "seed", 0)
-    if temperature == 0.0:
-        do_sample, temperature = False, None
-    elif temperature is not None or top_p is not None or top_k is not None:
-        do_sample = True  # asking for a temperature or a truncation asks for sampling
-    else:
-        do_sample = None  # silent: the bundle's generation config decides
-    options = dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-                   repetition_penalty=penalty, seed=seed, num_draft_tokens=_gamma(body.get("num_draft_tokens")))
-    if _boolean(body, "ignore_eos"):
-        options["eos_token_id"] = []
-    drafter = body.get("drafter")
-    if drafter is not None:
-        if DRAFTER_NAMES.get(drafter) not in drafters:
-            raise ApiError(400, f"drafter must be one of {', '.join(drafters)} on this server, got {drafter!r}",
-                           "drafter")
-        drafter = DRAFTER_NAMES[drafter]
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, f"stop must be a non-empty string or a list of at most {MAX_STOP} of them", "stop")
-    stream = _boolean(body, "stream")
-    opts = body.get("stream_options")
-    if opts is not None and (not isinstance(opts, dict) or not stream):
-        raise ApiError(400, "stream_options must be an object, and only with stream: true", "stream_options")
-    include_usage = bool(opts and opts.get("include_usage") is True)
-    return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id)
-
-
-def _gamma(value):
-    if value is None:
-        return None
-    if value == "auto":
-        return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SpeculationConfig.max_draft_tokens:
-        raise ApiError(400, f"num_draft_tokens must be an integer in [0, {SpeculationConfig.max_draft_tokens}] "
-                            f"or \"auto\", got {value!r}", "num_draft_tokens")
-    return value
-
-
-def _is_ids(prompt) -> bool:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                             for t in prompt)
-
-
-def _ids(prompt) -> list[int]:
-    return list(prompt[0] if isinstance(prompt[0], list) else prompt)
-
-
-def _prompt(prompt) -> str:
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        raise ApiError(400, "prompt must be one string or one list of token ids (one prompt per request)", "prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise ApiError(400, "prompt must be a non-empty string", "prompt")
-    return prompt
-
-
-# -- stop strings ------------------------------------------------------------------------------------------------
-
-class StopText:
-    """Cuts streamed text at the first stop string, holding back a tail that could begin one."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.pending = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """Text safe to emit now, and whether a stop string was reached (the text ends before it)."""
-        buf = self.pending + text
-        if not self.stops:
-            return buf, False
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.pending = ""
-            return buf[:min(hits)], True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        self.pending = buf[len(buf) - hold:]
-        return buf[:len(buf) - hold], False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
 
 
 # -- the one generator, one request at a time ----------------------------------------------------------------
@@ -274,15 +42,6 @@ class Ticket:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
-@dataclass
-class Outcome:
-    finish_reason: str      # stop | length | cancelled
-    prompt_tokens: int
-    completion_tokens: int
-    stats: dict
-    seconds: float
-
-
 class Engine:
     """Runs tickets one after another on a single worker thread, in arrival order."""
 
@@ -290,7 +49,7 @@ class Engine:
                  timeout_s: float = 600.0, default_gamma: int | str = 4, default_max_tokens: int = 1024):
         self.gen, self.model_id, self.default_max_tokens = gen, model_id, default_max_tokens
         self.max_queue, self.timeout_s, self.default_gamma = max_queue, timeout_s, default_gamma
-        offered = (("model", "hybrid") if getattr(gen.drafter, "lm", None) is not None else ()) + ("prompt_lookup", "none")
+        offered = (("model", "hybrid") if gen.drafter.lm is not None else ()) + ("prompt_lookup", "none")
         self.drafters = (gen.drafter.name,) + tuple(d for d in offered if d != gen.drafter.name)
         self._siblings = {gen.drafter.name: gen}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ortspec-generate")
@@ -551,9 +310,9 @@ async def _collect(ticket: Ticket, engine: Engine, request) -> dict:
             if kind == "text":
                 parts.append(value)
             elif kind == "error":
-                raise _failed(value)
+                raise failed_error(value)
             else:
-                return _response(ticket.job, "".join(parts), value)
+                return response_body(ticket.job, "".join(parts), value)
     finally:
         watcher.cancel()
         ticket.cancel.set()  # no-op once done; stops the generation on any early exit
@@ -567,73 +326,33 @@ async def _watch_disconnect(request, ticket: Ticket) -> None:
         await asyncio.sleep(0.1)
 
 
-def _failed(exc: Exception) -> ApiError:
-    return ApiError(500, f"generation failed ({type(exc).__name__}: {exc})")
-
-
-def _finish_reason(outcome: Outcome) -> str:
-    return "length" if outcome.finish_reason == "length" else "stop"
-
-
-def _usage(outcome: Outcome) -> dict:
-    return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
-
-
-def _envelope(job: Job, choice: dict, chunk: bool, **extra) -> dict:
-    """An OpenAI response or stream chunk around one choice."""
-    chat = job.kind == "chat"
-    obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
-    return {"id": ("chatcmpl-" if chat else "cmpl-") + job.id, "object": obj, "created": job.created,
-            "model": job.model, "choices": [dict(choice, index=0, logprobs=None)], **extra}
-
-
-def _response(job: Job, text: str, outcome: Outcome) -> dict:
-    body = {"message": {"role": "assistant", "content": text}} if job.kind == "chat" else {"text": text}
-    return _envelope(job, dict(body, finish_reason=_finish_reason(outcome)), False, usage=_usage(outcome),
-                     ortspec=outcome.stats)
-
-
-def _chunk(job: Job, text: str | None, finish: str | None, first: bool = False, extra: dict | None = None) -> dict:
-    if job.kind == "chat":
-        delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
-        body = {"delta": delta}
-    else:
-        body = {"text": text or ""}
-    return _envelope(job, dict(body, finish_reason=finish), True, **(extra or {}))
-
-
-def _event(data) -> bytes:
-    return b"data: " + (data if isinstance(data, bytes) else json.dumps(data, ensure_ascii=False).encode()) + b"\n\n"
-
-
 async def _sse(ticket: Ticket, engine: Engine):
     """Server-sent events in OpenAI's chunk format, ending with [DONE]; an error ends the stream with an
     {"error": ...} event. A client that goes away cancels the generation (the worker stops within a round)."""
     job = ticket.job
     try:
         if job.kind == "chat":
-            yield _event(_chunk(job, None, None, first=True))
+            yield sse_event(stream_chunk(job, None, None, first=True))
         while True:
             try:
                 kind, value = await _next(ticket, engine)
             except ApiError as exc:
-                yield _event(exc.body())
+                yield sse_event(exc.body())
                 break
             if kind == "text":
-                yield _event(_chunk(job, value, None))
+                yield sse_event(stream_chunk(job, value, None))
             elif kind == "error":
-                yield _event(_failed(value).body())
+                yield sse_event(failed_error(value).body())
                 break
             else:
-                yield _event(_chunk(job, None if job.kind == "chat" else "", _finish_reason(value),
+                yield sse_event(stream_chunk(job, None if job.kind == "chat" else "", finish_reason_of(value),
                                     extra={"ortspec": value.stats}))
                 if job.include_usage:
-                    usage = _chunk(job, None, None, extra={"usage": _usage(value)})
+                    usage = stream_chunk(job, None, None, extra={"usage": usage_of(value)})
                     usage["choices"] = []
-                    yield _event(usage)
+                    yield sse_event(usage)
                 break
-        yield _event(b"[DONE]")
+        yield sse_event(b"[DONE]")
     finally:
         ticket.cancel.set()
 

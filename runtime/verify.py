@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .logits import RESIDUAL_EPS, Dist, acceptance_probability, residual, residual_draw
+from .sampling import RESIDUAL_EPS, Dist, acceptance_probability, residual, residual_draw
 
 __all__ = ["RESIDUAL_EPS", "Dist", "Verdict", "Uniforms", "acceptance_probability", "residual", "residual_draw",
            "sample", "sampled_verify", "verify_dists", "greedy_verify"]

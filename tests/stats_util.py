@@ -49,7 +49,7 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
         _GENERATORS[key] = SpeculativeGenerator.load(job["bundle"], drafter=job["drafter"], threads=1)
     gen = _GENERATORS[key]
     if job["gamma"] == "auto":  # pretend a cheap draft so that "auto" drafts, with gamma varying per round
-        gen._profile = {"target_costs": [1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16], "draft_cost": 0.05}
+        gen.memory.data = {"target_costs": [1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16], "draft_cost": 0.05}
     k, vocab = job["k"], gen.vocab_size
     counts = np.zeros((vocab,) * k, dtype=np.int64)
     drafted = accepted = 0

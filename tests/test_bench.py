@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ortspec.config import SAMPLING_FALLBACK
-from ortspec.costmodel import expected_tokens
+from ortspec.control.costmodel import expected_tokens
 
 
 def _bench(bundle: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -109,9 +109,9 @@ def test_bench_hybrid_reports_no_cost_model_ideal(pair_bundle, tmp_path):
 def test_micro_bench_reports_each_setting_warm_and_cold(tmp_path):
     """`ortspec bench - --micro`: one row per setting x rows x case, the setting's math really run (greedy and
     sampled), with --cold the caches evicted between the round's pieces (and said so); bad input is refused."""
-    from ortspec.bench import MICRO_SETTINGS, format_micro, micro_bench
+    from ortspec.microbench import MICRO_SETTINGS, format_micro, micro_bench
     settings = {k: MICRO_SETTINGS[k] for k in ("greedy", "top-p 0.9", "qwen (T0.7 p0.8 k20 rep1.05)")}
-    import ortspec.bench as bench
+    import ortspec.microbench as bench
     reads = []
     top = bench._GraphRow.top
     bench._GraphRow.top = lambda self, k: reads.append(k) or top(self, k)
@@ -141,19 +141,6 @@ def test_micro_bench_reports_each_setting_warm_and_cold(tmp_path):
     default = subprocess.run([sys.executable, "-m", "ortspec.cli", "bench", "-", "--micro", "--vocab", "300", "--gamma",
                               "1", "--rounds", "1", "--cold", "--json"], capture_output=True, text=True)
     assert default.returncode == 0 and json.loads(default.stdout)[0]["cold_mb"] == 256, default.stderr
-
-
-def test_host_cold_tool_times_each_piece_after_a_pass_and_warm(pair_bundle):
-    """tools/host_cold.py runs the bundle's passes and prints every piece with both timings."""
-    tool = Path(__file__).resolve().parents[1] / "tools" / "host_cold.py"
-    for model in ("target", "draft"):
-        proc = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--model", model, "--repeat", "2"],
-                              capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        lines = [line for line in proc.stdout.splitlines() if line.rstrip().endswith("x")]
-        assert len(lines) == 6 and all(float(line.split()[-3]) > 0 for line in lines), proc.stdout
-    bad = subprocess.run([sys.executable, str(tool), str(pair_bundle), "--repeat", "0"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--repeat must be >= 1" in bad.stderr
 
 
 def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle):
@@ -200,8 +187,10 @@ def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle, first
         proc.stdout
     for r in rows:
         assert r.split()[-1] == "4/4" and r.count("%") == 2, r  # 2 passes x (target-only, speculating)
-        other, this = r.split()[-4], r.split()[-2]  # the speedups: "a -> bx"
+        # the speedups "a -> bx", then tokens per second this/other "c / d" (target-only / speculating)
+        other, this, plain, spec = r.split()[-7], r.split()[-5], r.split()[-4], r.split()[-2]
         assert float(other) > 0 and this.endswith("x") and float(this[:-1]) > 0, r
+        assert float(plain) > 0 and float(spec) > 0, r
 
 
 def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle):

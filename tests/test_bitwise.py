@@ -11,7 +11,7 @@ import pytest
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import load_bundle
 from ortspec.exactness import greedy_check, invariance_check
-from ortspec.model import CausalLM, pass_bounds
+from ortspec.engine import CausalLM, pass_bounds
 
 CONTEXT = [1, 17, 5, 99, 42, 8, 63, 120, 4, 77]
 SIZES = range(1, 18)  # every verify pass the runtime makes: 1 (target only) .. 17 (16 drafts + 1)
@@ -84,50 +84,60 @@ def test_long_feeds_in_chunks_give_the_same_bits(kinds):
 
 
 def test_logits_only_where_used(kinds):
-    """The output layer runs on the kept rows only; the host buffer never grows with the prompt."""
+    """The output layer runs on the kept rows only; rows for a round live in leased slots that stay few and
+    bounded, and what a caller holds is never overwritten."""
     lm = target_lm(kinds["llama-fp32"])
     ids = [int(t) for t in np.random.default_rng(4).integers(3, 120, 200)]
     full = lm.prefill(ids)
     assert np.array_equal(lm.prefill(ids, keep=2), full[-2:])
-    held = [lm.prefill(ids[:n], keep=2) for n in (30, 90, 170, 40, 60)]  # callers holding results
-    for n in range(20, 200, 7):  # prompts of many lengths: the host buffers stay few and bounded
-        lm.prefill(ids[:n], keep=1)
-    assert len(lm._host) <= lm.HOST_BUFFERS
-    assert all(slot[0].size <= lm.HOST_ROWS * lm.spec.vocab_size for slot in lm._host)
-    for n, rows in zip((30, 90, 170, 40, 60), held):  # what callers hold is never overwritten
+    held = [lm.prefill(ids[:n], keep=2) for n in (30, 90, 170, 40, 60)]  # callers holding results: their own
+    for n in range(20, 200, 7):  # prompts of many lengths, a round each: one slot serves them all
+        lm.new_round()
+        lm.reset()
+        lm.forward(ids[:n], keep=1, reuse=True)
+        assert lm._slots.leased == 1  # (the passes run for their keys and values alone gave theirs back)
+    for n, rows in zip((30, 90, 170, 40, 60), held):
         assert np.array_equal(rows, full[n - 2:n])
 
 
 def test_passes_reuse_their_bound_buffers(kinds):
-    """Decoding passes write into the host buffer (and small inputs) bound before when nobody holds the last
-    rows: no binding per pass, and every pass's rows are still those of a fresh prefill."""
+    """Decoding passes, a round each, write into the host buffer (and small inputs) bound before: no binding per
+    pass, and every pass's rows are still those of a fresh prefill. Within a round every pass takes a buffer of
+    its own, so rows read later in the round are never overwritten."""
     lm = target_lm(kinds["llama-fp32"])
     ids = [int(t) for t in np.random.default_rng(5).integers(3, 120, 40)]
     full = lm.prefill(ids)
     lm.prefill(ids[:20], keep=1)
-    binding, bound = lm._binding, []
+    binding, bound = lm.cache.binding.io, []
     real = binding.bind_output
     # (the logits' binding: the graph's top entries are bound beside it whenever it is)
     binding.bind_output = lambda *a, **k: (bound.append(a[4]) if a[0] == lm.spec.logits else None, real(*a, **k))
     for n in range(20, 39):
-        rows = lm.forward(ids[n:n + 2], keep=1)  # two positions each (bitwise passes)
+        lm.new_round()
+        rows = lm.forward(ids[n:n + 2], keep=1, reuse=True)  # two positions each (bitwise passes)
         assert np.array_equal(rows[0], full[n + 1]), n
         lm.rollback(n + 1)
-        rows = None
-    assert lm._binding is binding and len(bound) <= 1, bound
+    assert lm.cache.binding.io is binding and len(bound) <= 1, bound
     lm.rollback(30)
-    held = lm.forward(ids[30:32], keep=1)  # a caller holding rows: the next pass takes another buffer
+    lm.new_round()
+    held = lm.forward(ids[30:32], keep=1, reuse=True)  # rows read later in the round: the next pass takes another
     lm.rollback(31)
-    again = lm.forward(ids[31:33], keep=1)
+    again = lm.forward(ids[31:33], keep=1, reuse=True)
     assert held.base is not again.base
     assert np.array_equal(held[0], full[31])
     assert np.array_equal(again[0], full[32])
+    lm.rollback(32)
+    lm.release_rows()  # ``again`` is not read any more: the next pass writes its buffer, still bound
+    bound[:] = []
+    third = lm.forward(ids[32:34], keep=1, reuse=True)
+    assert third.base is again.base and not bound and np.array_equal(third[0], full[33])
     # where binding copies host inputs (a GPU provider), every pass binds them again: the branch, run on CPU
-    del held, again
+    del held, again, third
     lm.device, bound[:] = "cuda", []
     for n in range(20, 24):
+        lm.new_round()
         lm.rollback(n)
-        assert np.array_equal(lm.forward(ids[n:n + 2], keep=1)[0], full[n + 1]), n
+        assert np.array_equal(lm.forward(ids[n:n + 2], keep=1, reuse=True)[0], full[n + 1]), n
     lm.device = "cpu"
     assert len(bound) == 4
 
@@ -160,10 +170,10 @@ def test_strict_is_bitwise(kinds):
     gen.generate(input_ids=CONTEXT, max_new_tokens=30, strict=True)
     lm, real = gen.target, gen.target.forward
 
-    def one_row_passes(ids, keep=None):
+    def one_row_passes(ids, keep=None, reuse=False):
         lm.bitwise = False
         try:
-            return real(ids, keep)
+            return real(ids, keep, reuse)
         finally:
             lm.bitwise = True
     lm.forward = one_row_passes

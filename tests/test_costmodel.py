@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ortspec.controller import AutoController
-from ortspec.costmodel import best_gamma, expected_tokens, predicted_speedup, target_cost
+from ortspec.control.controllers import AutoController
+from ortspec.control.costmodel import best_gamma, expected_tokens, predicted_speedup, target_cost
 
 
 def test_expected_tokens():
@@ -62,9 +62,15 @@ class ClockLM:
         self.bitwise = True
         self.spec = SimpleNamespace(vocab_size=1000)
 
-    def forward(self, ids):
+    def forward(self, ids, reuse=False):
         self.clock["t"] += self.base + self.per_token * len(ids) + (self.cold if self.clock["last"] != self.name else 0)
         self.clock["last"] = self.name
+
+    def new_round(self):
+        pass
+
+    def release_rows(self):
+        pass
 
     def prefill(self, ids):
         self.forward(ids)
@@ -77,7 +83,7 @@ class ClockLM:
 
 
 def test_calibration_measures_costs_as_decoding_pays_them(monkeypatch):
-    from ortspec import calibrate
+    from ortspec.control import calibrate
     clock = {"t": 0.0, "last": None}
     monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock["t"])
     target = ClockLM(clock, "target", 10.0, 1.0, 5.0)
@@ -95,7 +101,7 @@ def test_calibration_measures_costs_as_decoding_pays_them(monkeypatch):
 
 
 def test_profiles_from_an_older_method_are_measured_again(tmp_path):
-    from ortspec.calibrate import load_profile, save_profile
+    from ortspec.control.calibrate import load_profile, save_profile
     save_profile(tmp_path, "cpu", {"target_costs": [1.0], "draft_cost": 0.1})
     assert load_profile(tmp_path, "cpu") is None
     save_profile(tmp_path, "cpu", {"target_costs": [1.0], "draft_cost": 0.1, "method": "rounds"})
@@ -231,13 +237,13 @@ def test_drifted_costs_are_stored_as_the_new_profile(llama_bundle, tmp_path):
     import json
     import shutil
     from ortspec import SpeculativeGenerator
-    from ortspec.calibrate import PROFILE_FILE, load_profile
+    from ortspec.control.calibrate import PROFILE_FILE, load_profile
     bundle = tmp_path / "b"
     shutil.copytree(llama_bundle, bundle)
     gen = SpeculativeGenerator.load(bundle)
     real = dict(gen.profile())
     fake = dict(real, target_costs=[10 * c for c in real["target_costs"]])
-    gen._profile = fake
+    gen.memory.data = fake
     (bundle / PROFILE_FILE).unlink()
     gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=120, num_draft_tokens="auto", eos_token_id=[])
     stored = load_profile(bundle, gen.target.provider)
@@ -252,13 +258,13 @@ def test_slower_timings_are_not_stored(llama_bundle, tmp_path):
     """Passes timed 10x slower than the profile says may be a busy machine's: the profile's costs stay."""
     import shutil
     from ortspec import SpeculativeGenerator
-    from ortspec.calibrate import PROFILE_FILE, load_profile
+    from ortspec.control.calibrate import PROFILE_FILE, load_profile
     bundle = tmp_path / "b"
     shutil.copytree(llama_bundle, bundle)
     gen = SpeculativeGenerator.load(bundle)
     real = dict(gen.profile())
     fast = dict(real, target_costs=[c / 10 for c in real["target_costs"]])
-    gen._profile = fast
+    gen.memory.data = fast
     (bundle / PROFILE_FILE).unlink()
     gen.generate(input_ids=[1, 5, 9, 14], max_new_tokens=120, num_draft_tokens="auto", eos_token_id=[])
     stored = load_profile(bundle, gen.target.provider)  # written only if the acceptance it learned moved
@@ -282,9 +288,9 @@ def test_auto_starts_from_the_acceptance_learned_before_per_mode_and_in_the_next
     import shutil
 
     from ortspec import SpeculativeGenerator
-    from ortspec.calibrate import PROFILE_FILE
+    from ortspec.control.calibrate import PROFILE_FILE
     from ortspec.config import SpeculationConfig
-    from ortspec.controller import make_controller
+    from ortspec.control.controllers import make_controller
     bundle = tmp_path / "bundle"
     shutil.copytree(llama_bundle, bundle)  # this test writes the bundle's profile
     gen = SpeculativeGenerator.load(bundle)
@@ -453,7 +459,7 @@ def test_sampled_rounds_learn_acceptance_from_the_min_mass_not_the_coin():
 
 
 def test_a_damaged_stored_acceptance_is_as_good_as_none():
-    from ortspec.controller import stored_acceptance
+    from ortspec.control.controllers import stored_acceptance
     profile = {"acceptance": {"greedy": {"alphas": ["x"], "measured": [True]}, "sampled": {"alphas": [1.5, 0.4],
                                                                                              "measured": [1, 0]}}}
     assert stored_acceptance(profile) == {"sampled": {"alphas": [1.0, 0.4], "measured": [True, False]}}
@@ -478,12 +484,11 @@ def test_a_flat_profile_is_relearned_from_the_timed_sizes():
 
 def _learn_into(ctl, profile: dict) -> dict | None:
     """What the generator stores after a request with this controller (None: nothing)."""
-    from types import SimpleNamespace
-    from ortspec import SpeculativeGenerator
+    from ortspec.control import ProfileMemory
     saved = []
-    gen = SimpleNamespace(_profile=profile, acceptance_prior={}, timing_prior={}, DRIFT=SpeculativeGenerator.DRIFT,
-                          MOVED=SpeculativeGenerator.MOVED, _store_profile=saved.append)
-    SpeculativeGenerator._learn(gen, ctl, "greedy", True)
+    memory = ProfileMemory(None, "cpu")
+    memory.data, memory.store = profile, saved.append
+    memory.learn(ctl, "greedy", True)
     costs = [p for p in saved if "reshaped_by" in p or "relearned_from_drift" in p]
     return costs[-1] if costs else None
 
@@ -518,7 +523,8 @@ def test_a_profile_of_the_wrong_shape_is_stored_again_at_its_own_level(load):
 def test_calibration_feeds_ids_inside_a_small_vocabulary(small_bundle):
     """Calibration times passes of ordinary ids; on a 16-token vocabulary they must stay below 16 (it fed
     ids up to 99, and the first auto request on such a model failed inside onnxruntime)."""
-    from ortspec import SpeculativeGenerator, calibrate
+    from ortspec import SpeculativeGenerator
+    from ortspec.control import calibrate
     gen = SpeculativeGenerator.load(small_bundle)
     prof = calibrate.measure(gen.target, gen.drafter.lm, context=8, max_k=3, reps=1)
     assert len(prof["target_costs"]) == 3 and prof["draft_cost"] > 0

@@ -11,8 +11,8 @@ import pytest
 
 from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
-from ortspec.logits import LogitsPipeline
-from ortspec.model import DeviceRows, topk_graph
+from ortspec.sampling import LogitsPipeline
+from ortspec.engine import DeviceRows, topk_graph
 
 SETTINGS = {
     "greedy": dict(do_sample=False),
@@ -102,7 +102,7 @@ def _lm(width: int):
 ], ids=["qwen", "top-k 50", "penalty and bans", "top-k 1"])
 def test_device_row_distributions_equal_the_host_rows(config):
     """Rows with planted ties (at the maximum, at the k-th entry, across the bound) and many penalized
-    entries (from the context and from the new tokens): the distribution from a DeviceRow equals the one from
+    entries (from the context and from the new tokens): the distribution from a PassRow equals the one from
     the full host row, bit for bit."""
     rng = np.random.default_rng(7)
     width, vocab = 3000, 2990  # the graph is wider than the vocabulary, as padded real models are

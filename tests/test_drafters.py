@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ortspec import SpeculativeGenerator
-from ortspec.drafters import HybridDrafter, PromptLookupDrafter
+from ortspec.drafting import HybridDrafter, PromptLookupDrafter
 from ortspec.config import SamplingConfig
-from ortspec.logits import LogitsPipeline
+from ortspec.sampling import LogitsPipeline
 
 TEXT = [1] + list(range(20, 60)) + [7, 8] + list(range(20, 40))  # a copy of 20..59 is under way at the end
 
@@ -142,7 +142,7 @@ def test_hybrid_still_looks_up_while_auto_pauses_the_model(small_bundle, tmp_pat
     """Auto pausing model drafts (gamma 0) leaves the hybrid its lookups (the vocab-16 target loops, so they
     match and pay); a fixed gamma of 0 drafts nothing; output equals target-only decoding either way."""
     import shutil
-    from ortspec.controller import AutoController
+    from ortspec.control.controllers import AutoController
     b = tmp_path / "b"
     shutil.copytree(small_bundle, b)  # auto calibrates once and stores the profile in the bundle
     monkeypatch.setattr(AutoController, "choose", lambda self: 0)
@@ -194,7 +194,7 @@ def test_hybrid_drafter_is_offered(small_bundle, pair_bundle):
 
 
 def test_draft_window_view_keeps_the_first_tokens_and_a_recent_stretch():
-    from ortspec.drafters import ModelDrafter
+    from ortspec.drafting import ModelDrafter
     d = ModelDrafter(lm=None, window=32)
     short = list(range(30))
     assert d.view(short) == short
@@ -239,7 +239,7 @@ def _sharing(bundle):
     """A target that has read 30 tokens, a second model of the same graph on its cache, the tokens, and the
     target's logits of a fresh prefill of all of them."""
     from ortspec.bundle import load_bundle
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
     b = load_bundle(bundle)
     path = str(b.file(b.target.path))
     source, twin = CausalLM(b.target, path), CausalLM(b.target, path)
@@ -255,14 +255,14 @@ def test_a_shared_cache_gives_the_sources_bits_and_never_disturbs_them(llama_bun
     what it writes past the owner's valid length never changes what the owner computes next, it follows the
     owner's buffers when they grow, and only a cache of the same layout on the same device can be shared."""
     from ortspec.bundle import load_bundle
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
     source, twin, ids, fresh = _sharing(llama_bundle)
     twin.follow(30)
     assert twin.tokens == ids[:30]
     assert np.array_equal(twin.forward(ids[30:32]), fresh[30:32])  # over the owner's keys and values
     twin.forward([7, 8, 9])  # written past the owner's valid length (positions 32..34)
     assert np.array_equal(source.forward(ids[30:36]), fresh[30:36])  # the owner's own values, bit for bit
-    source.reserve(source._stored + 300)  # the owner's buffers are replaced: the twin follows them
+    source.reserve(source.cache.stored + 300)  # the owner's buffers are replaced: the twin follows them
     twin.follow(36)
     assert np.array_equal(twin.forward(ids[36:38]), fresh[36:38])
     with pytest.raises(ValueError, match="not all in a shared cache"):
@@ -314,7 +314,7 @@ def test_a_self_draft_never_reads_the_prompt(llama_bundle, pair_bundle):
 def test_common_prefix_finds_the_first_difference_anywhere():
     """Against a plain scan: a difference at every position of lists, tuples and arrays of either length,
     equal sequences, an empty one, and large ids (distinct int objects of equal value compare equal)."""
-    from ortspec.drafters import common_prefix
+    from ortspec.drafting import common_prefix
     rng = np.random.default_rng(3)
     base = [int(t) for t in rng.integers(0, 150_000, 300)]
 

@@ -14,7 +14,7 @@ import pytest
 
 from ortspec.bundle import load_bundle, sha256_file
 from ortspec.errors import BundleError, ExportError, IncompatibleModelsError
-from ortspec.model import CausalLM
+from ortspec.engine import CausalLM
 
 torch = pytest.importorskip("torch")
 from ortspec.export import export_bundle  # noqa: E402

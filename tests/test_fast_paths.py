@@ -1,4 +1,4 @@
-"""Every fast path of ``ortspec.logits`` against the plain reference (``ortspec.reference``), by generated cases.
+"""Every fast path of ``ortspec.sampling`` against the plain reference (``ortspec.reference``), by generated cases.
 
 Rows of 17 to 152,000 entries (multiples of 32 and not), fp16-rounded rows, ties at the maximum, at the k-th
 entry and at the top-p cut, temperatures 0.05-2, top-k and top-p alone and together, penalties below and
@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ortspec.config import SamplingConfig
-from ortspec.logits import LazyRow, LogitsPipeline, acceptance_probability
+from ortspec.sampling import LazyRow, LogitsPipeline, Row, Rows, acceptance_probability
 from ortspec import reference
 
 EOS = 2
@@ -27,7 +27,7 @@ WIDTHS = (17, 31, 300, 4096, 4099, 50_001, 152_000)
 RUN = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 
-class TopRow:
+class TopRow(Row):
     """One row as a pass returns it: the whole row, its largest entries (sorted, the lower id first on ties, as
     onnxruntime's TopK gives them) and the normalizer sum exp((l - max) * scale), as the graph computes it."""
 
@@ -58,9 +58,8 @@ class TopRow:
         return self.row.size
 
 
-class TopRows(list):
+class TopRows(list, Rows):
     """Rows with largest entries, as ``LogitsPipeline.greedy`` receives a pass's rows."""
-    top = True
 
 
 @st.composite

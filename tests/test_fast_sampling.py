@@ -11,7 +11,8 @@ import pytest
 
 from ortspec import exactness, verify
 from ortspec.config import DENSE_DRAFT_VOCAB, DRAFT_TOP_K, DRAFT_WIDE_TOP_K, SamplingConfig, draft_sampling
-from ortspec.logits import (GROUP, Dist, LogitsPipeline, _reaching, _total, block_sums, draft_pipeline,
+from ortspec.sampling.kernels import GROUP, _reaching, _total
+from ortspec.sampling import (Dist, LogitsPipeline, block_sums, draft_pipeline,
                             sample_weights, top_candidates)
 from ortspec.reference import distribution
 from stats_util import ALPHA, chi_square_p

@@ -138,7 +138,7 @@ def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
     assert report["top1_agreement"] > 0.94 and report["mean_kl"] < 0.006
     from ortspec.bundle import load_bundle
     from ortspec.exactness import invariance_check
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
     b = load_bundle(bundle)
     lm = CausalLM(b.target, str(b.file(b.target.path)))
     context = SpeculativeGenerator.load(bundle, drafter="none").codec.encode("Write a haiku about caches.")
@@ -162,7 +162,7 @@ def test_fp32_activations_give_the_files_model_to_float_rounding(smol_gguf_bundl
     from ortspec.bundle import load_bundle
     from ortspec.exactness import invariance_check
     from ortspec.export import export_bundle
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
     from ortspec.quality import compare_models
     from conftest import REPO
     _, source = smol_gguf_bundle
@@ -269,7 +269,7 @@ def test_quality_windows_score_second_halves_from_an_empty_cache(llama_bundle, t
     import subprocess
     import sys
     from ortspec.bundle import load_bundle
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
     from ortspec.quality import _log_softmax, compare_models
     from ortspec.text import TextCodec
     text = " ".join(f"w{(i * 11) % 97}" for i in range(200))

@@ -15,7 +15,7 @@ import pytest
 
 from ortspec import verify
 from ortspec.config import DRAFT_TOP_K, SamplingConfig, draft_sampling
-from ortspec.logits import (HEAD_MIN, LAZY_TOP, LEAN_MAX, WIDE, Dist, LazyRow, LogitsPipeline, acceptance_probability,
+from ortspec.sampling import (HEAD_MIN, LAZY_TOP, LEAN_MAX, WIDE, Dist, LazyRow, LogitsPipeline, Row, acceptance_probability,
                             array_head, draw_weights, sample_weights, thin_head, wide_nucleus)
 from ortspec.export.graph import add_top_outputs
 from stats_util import ALPHA, chi_square_p, grouped
@@ -43,7 +43,7 @@ def norm_graph(tmp_path_factory):
     return session
 
 
-class GraphRow:
+class GraphRow(Row):
     """One row as a target pass returns it: its TopK and normalizer from onnxruntime, the row on the host."""
 
     def __init__(self, sess, row: np.ndarray, k: int, scale: float, block: int):
@@ -788,7 +788,7 @@ def test_the_head_is_the_entries_above_the_lazy_top_th_largest():
     same order (largest entry first, lowest id first on ties), ties at the LAZY_TOP-th largest left out, columns
     past the vocabulary left out, whatever order the TopK gives tied entries in; a row of at most LAZY_TOP
     entries is all head."""
-    from ortspec.logits import top_head
+    from ortspec.sampling import top_head
     rng = np.random.default_rng(9)
     for row in (np.round(rng.standard_normal(3000) * 4).astype(np.float32),  # many ties
                 rng.standard_normal(3000).astype(np.float32)):          # none
@@ -846,7 +846,7 @@ def test_thin_rows_draw_in_block_order_and_residuals_by_rejection(norm_graph):
     normalize(max(0, p - q)) (chi-square per token and over 50 groups, 40k; none where p <= q). Without further
     uniform numbers the draws are the head-first ones as before. Negative controls: keeping q's tokens in a
     residual draw, and a LazyRow settling draws of a thin row from its head, are both caught."""
-    from ortspec.logits import THIN_TOTAL
+    from ortspec.sampling import THIN_TOTAL
     vocab = 4096
     cfg = SamplingConfig(do_sample=True, top_k=0, temperature=1.0)
     pipe = _pipeline(cfg, vocab)

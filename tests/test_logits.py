@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ortspec.config import SamplingConfig
-from ortspec.logits import LogitsPipeline, top_p_filter
+from ortspec.sampling import LogitsPipeline, top_p_filter
 
 torch = pytest.importorskip("torch")
 from transformers.generation.logits_process import (  # noqa: E402
@@ -124,17 +124,38 @@ def test_invalid_settings_name_the_argument(bad):
         SamplingConfig(do_sample=True, **bad)
 
 
-def test_scratch_arrays_are_handed_out_again_once_released():
-    """A scratch array comes back once nothing refers to it (no fresh vocabulary-wide array, no page faults,
-    per row); one still referenced is never handed out twice."""
-    from ortspec.logits import Scratch
+def test_scratch_arrays_are_leased_until_the_next_round():
+    """A scratch array stays its taker's until the next round (whatever else refers to it, on any interpreter):
+    never handed out twice within a round, handed out again after ``new_round`` (no fresh vocabulary-wide array,
+    no page faults, per row), and at once where the taker gives it back."""
+    from ortspec.sampling import Scratch
     scratch = Scratch()
     first = scratch.take(1000)
     address = first.ctypes.data
+    del first  # no reference left: still leased for this round
     second = scratch.take(1000)
-    assert second is not first
-    del first
-    assert scratch.take(1000).ctypes.data == address
+    assert second.ctypes.data != address
+    assert scratch.take(1000, np.float64).dtype == np.float64  # another type: another array
+    scratch.give_back(second)
+    assert scratch.take(1000) is second
+    scratch.new_round()
+    seen = {scratch.take(1000).ctypes.data for _ in range(2)}
+    assert address in seen and len(seen) == 2
+
+
+def test_round_pool_keeps_at_most_keep_buffers_and_never_reuses_a_one_off():
+    from ortspec.arena import RoundPool
+    pool = RoundPool(keep=2)
+    made = []
+    make = lambda: made.append(object()) or made[-1]  # noqa: E731
+    kept = [pool.take("k", make) for _ in range(2)]
+    extra = pool.take("k", make)  # past ``keep``: a one-off
+    assert len({id(x) for x in kept + [extra]}) == 3 and pool.leased == 2
+    pool.give_back(extra)  # ignored: never handed out again
+    pool.new_round()
+    again = [pool.take("k", make) for _ in range(3)]
+    assert {id(x) for x in again[:2]} == {id(x) for x in kept} and again[2] is not extra
+    assert pool.take("other", make) is made[-1]  # keys do not share buffers
 
 
 def test_seen_tokens_follow_growing_changing_and_empty_contexts():

@@ -16,7 +16,7 @@ import pytest
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import load_bundle
 from ortspec.exactness import greedy_check, invariance_check
-from ortspec.model import CausalLM
+from ortspec.engine import CausalLM
 
 pytestmark = pytest.mark.slow
 

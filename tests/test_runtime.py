@@ -11,8 +11,8 @@ import ortspec
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import load_bundle
 from ortspec.errors import BundleError, CacheOverflowError, ModelRunError, ProviderUnavailableError
-from ortspec.logits import Dist, LazyRow
-from ortspec.model import CausalLM
+from ortspec.sampling import Dist, LazyRow
+from ortspec.engine import CausalLM
 
 PROMPTS = [[1, 17, 5, 99, 42], [1, 8, 8, 8, 8, 8, 9, 8, 8], [1, 120, 3, 77, 64, 12, 33, 7, 90, 101, 4]]
 
@@ -41,15 +41,15 @@ def test_static_cache_rollback_is_only_a_length(pair_bundle):
     lm = lm_of(pair_bundle)
     if not lm.static:
         pytest.skip("concat caches trim")
-    lm.RESERVE_STEP = 16
+    lm.cache.RESERVE_STEP = 16
     lm.prefill(list(range(1, 40)))
-    buffers = [id(v) for v in lm._past]
-    assert lm._stored == 48
+    buffers = [id(v) for v in lm.cache.past]
+    assert lm.cache.stored == 48
     lm.rollback(10)
     lm.forward([5, 6])
-    assert [id(v) for v in lm._past] == buffers  # same device buffers, written in place
+    assert [id(v) for v in lm.cache.past] == buffers  # same device buffers, written in place
     lm.forward([(k % 120) + 3 for k in range(60)])  # past the reservation: grows once, keeps the prefix
-    assert lm._stored == 80 and [id(v) for v in lm._past] != buffers
+    assert lm.cache.stored == 80 and [id(v) for v in lm.cache.past] != buffers
     ref = lm.reference_logits(lm.tokens + [7, 8, 9])[-3:]
     np.testing.assert_allclose(lm.forward([7, 8, 9]), ref, atol=1e-5)
 
@@ -70,9 +70,9 @@ def test_kv_trim_graph_matches_slicing(pair_bundle):
     if lm.static:
         pytest.skip("static caches are never trimmed")
     lm.prefill(list(range(1, 12)))
-    full = [v.numpy().copy() for v in lm._past]
+    full = [v.numpy().copy() for v in lm.cache.past]
     lm.rollback(4)
-    trimmed = [v.numpy() for v in lm._trimmed(4)]
+    trimmed = [v.numpy() for v in lm.cache._trimmed(4)]
     for a, b in zip(full, trimmed):
         assert np.array_equal(a[:, :, :4], b)
 
@@ -115,7 +115,7 @@ def test_cuda_with_a_dynamic_int8_draft_warns_it_runs_on_the_cpu(small_int8_bund
     (["onnxruntime", "onnxruntime-gpu"], "both builds are installed"),
 ])
 def test_cuda_error_names_the_install_that_fixes_it(monkeypatch, builds, says):
-    from ortspec import model
+    from ortspec.engine import session as model
     monkeypatch.setattr(model, "installed_builds", lambda: builds)
     monkeypatch.setattr(model.ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     with pytest.raises(ProviderUnavailableError) as err:
@@ -125,7 +125,7 @@ def test_cuda_error_names_the_install_that_fixes_it(monkeypatch, builds, says):
 
 
 def test_gpu_build_without_cuda_libraries_is_named(monkeypatch):
-    from ortspec import model
+    from ortspec.engine import session as model
     monkeypatch.setattr(model, "installed_builds", lambda: ["onnxruntime-gpu"])
     assert "CUDA 13 and cuDNN 9" in model._missing_provider("CUDAExecutionProvider", loaded=False)
 
@@ -288,7 +288,7 @@ def test_ids_only_bundle_generates_from_input_ids(ids_bundle):
 def test_failing_draft_degrades_to_target_only(pair_bundle, baselines):
     gen = SpeculativeGenerator.load(pair_bundle)
 
-    def broken(ids, keep=None):
+    def broken(ids, keep=None, reuse=False):
         raise ModelRunError("simulated draft failure")
     gen.drafter.lm.forward = broken
     with pytest.warns(RuntimeWarning, match="simulated draft failure"):
@@ -300,7 +300,7 @@ def test_failing_draft_degrades_to_target_only(pair_bundle, baselines):
 
 def test_draft_returning_garbage_is_never_committed(pair_bundle, baselines):
     gen = SpeculativeGenerator.load(pair_bundle)
-    gen.drafter.propose = lambda *a, **k: ortspec.drafters.Draft([10_000], None)
+    gen.drafter.propose = lambda *a, **k: ortspec.drafting.Draft([10_000], None)
     with pytest.warns(RuntimeWarning):
         res = gen.generate(input_ids=PROMPTS[2], max_new_tokens=40)
     assert res.token_ids == baselines[tuple(PROMPTS[2])] and res.stats.draft_disabled
@@ -470,7 +470,7 @@ def test_device_trim_path_gives_the_same_output(pair_bundle, baselines):
         pytest.skip("static caches are never trimmed")
     gen.target = CausalLM(b.target, str(b.file(b.target.path)), trim="graph")
     gen.drafter.lm = CausalLM(b.draft, str(b.file(b.draft.path)), trim="graph")
-    assert gen.target._trimmer is not None
+    assert gen.target.cache.trimmer is not None
     for p in PROMPTS:
         res = gen.generate(input_ids=p, max_new_tokens=40, num_draft_tokens=3, strict=True)
         assert res.token_ids == baselines[tuple(p)]

@@ -15,7 +15,7 @@ import pytest
 
 from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
-from ortspec.logits import LogitsPipeline
+from ortspec.sampling import LogitsPipeline
 from stats_util import ALPHA, chi_square_p, sample_prefixes, worker_pool
 
 V, K, N = 16, 3, 12_000

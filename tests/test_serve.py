@@ -17,7 +17,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from ortspec import SpeculativeGenerator  # noqa: E402
-from ortspec.drafters import common_prefix  # noqa: E402
+from ortspec.drafting import common_prefix  # noqa: E402
 from ortspec.serve import ApiError, StopText, parse_request  # noqa: E402
 
 MODEL = "tinyserve"
@@ -432,7 +432,7 @@ def test_a_follow_up_turn_feeds_only_its_new_tokens(api):
     assert common_prefix(cached, ids) == len(cached)  # the reply re-encodes to the generated ids
     fed = []
     forward = api.target.forward
-    api.target.forward = lambda feed, keep=None: fed.append(len(feed)) or forward(feed, keep)
+    api.target.forward = lambda feed, keep=None, reuse=False: fed.append(len(feed)) or forward(feed, keep, reuse)
     try:
         turn2 = api.generate(messages=convo, max_new_tokens=8, do_sample=False, eos_token_id=[], num_draft_tokens=4)
     finally:

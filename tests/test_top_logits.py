@@ -13,9 +13,10 @@ import pytest
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import MANIFEST, load_bundle, sha256_file
 from ortspec.errors import BundleError
-from ortspec.logits import LAZY_TOP, Dist, LazyRow, LogitsPipeline, _inverse_cdf, inverse_cdf_list, min_mass_lists
+from ortspec.sampling import LAZY_TOP, Dist, LazyRow, LogitsPipeline, inverse_cdf_list, min_mass_lists
+from ortspec.sampling.kernels import _inverse_cdf
 from ortspec.config import SamplingConfig
-from ortspec.model import CausalLM, TopRows
+from ortspec.engine import CausalLM, TopRows
 from test_device_rows import SETTINGS, _ids, _run
 
 

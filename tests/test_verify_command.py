@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ortspec.drafters import Draft
-from ortspec.logits import Dist
+from ortspec.drafting import Draft
+from ortspec.sampling import Dist
 from ortspec.exactness import run_verify, wrong_verify
 
 PROMPTS = [[1, 5, 9, 5], [1, 7, 3, 3, 8]]

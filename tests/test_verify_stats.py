@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ortspec import exactness, verify
-from ortspec.logits import Dist
+from ortspec.sampling import Dist
 from stats_util import ALPHA, chi_square_p
 
 

@@ -45,6 +45,10 @@ def test_the_wheel_carries_the_recipes_and_prompt_sets(wheel_env):
                  "ortspec/data/dev.jsonl", "ortspec/data/long.jsonl", "ortspec/data/quality.txt",
                  "ortspec/reference.py", "ortspec/export/api.py"):
         assert want in names, want
+    # every module of the source tree, subpackages included, is in the wheel
+    for root, prefix in ((REPO / "runtime", "ortspec"), (REPO / "export", "ortspec/export")):
+        for module in root.rglob("*.py"):
+            assert f"{prefix}/{module.relative_to(root).as_posix()}" in names, module
 
 
 def test_the_installed_package_is_the_wheels(wheel_env):

@@ -20,7 +20,7 @@ import pytest
 
 from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
-from ortspec.logits import draft_pipeline
+from ortspec.sampling import draft_pipeline
 from ortspec.reference import distribution
 from stats_util import ALPHA, chi_square_p, sample_pairs, worker_pool
 

@@ -17,7 +17,7 @@ from ortspec import SpeculativeGenerator
 from ortspec.bench import load_prompts
 from ortspec.bundle import load_bundle
 from ortspec.exactness import greedy_check, invariance_check
-from ortspec.model import CausalLM
+from ortspec.engine import CausalLM
 from ortspec.shipped import DEV_PROMPTS, shipped
 
 PROMPTS = shipped(DEV_PROMPTS)

@@ -42,7 +42,7 @@ def main() -> int:
     from ortspec import SpeculativeGenerator
     from ortspec.bench import load_prompts
     from ortspec.bundle import load_bundle
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
 
     gen = SpeculativeGenerator.load(args.base, thread_pool="shared")
     base_drafter = getattr(gen.drafter, "model", gen.drafter)

@@ -17,7 +17,7 @@ from pathlib import Path
 import sys
 import time
 
-from ortspec import SpeculativeGenerator, logits
+from ortspec import SpeculativeGenerator, sampling
 from ortspec.bench import load_prompts
 from ortspec.shipped import DEV_PROMPTS, shipped
 
@@ -43,9 +43,9 @@ def _patched(owner, name: str, value):
 PATHS = {
     "top entries": ("rows read through the graph's TopK (greedy, top-k, LazyRow) instead of whole",
                     ("greedy", "qwen-settings", "top-p 0.9"),
-                    lambda: _patched(logits.LogitsPipeline, "top_entries", lambda self: 0)),
+                    lambda: _patched(sampling.LogitsPipeline, "top_entries", lambda self: 0)),
     "LazyRow": ("verdicts from the graph's normalizer and largest entries",
-                ("top-p 0.9",), lambda: _patched(logits.LogitsPipeline, "_lazy_rows", lambda self: False)),
+                ("top-p 0.9",), lambda: _patched(sampling.LogitsPipeline, "_lazy_rows", lambda self: False)),
     # (measured and removed in 0.2.0, under 2% on both shipped pairs: WideRow, nucleus probes, the draft's
     # tail cut, the exp2 clamp; docs/exactness.md)
 }

@@ -55,7 +55,7 @@ def decode(gen, prompts: list[list[int]], tokens: int, gammas: list[int], sample
 
 
 def predict(profile: dict, pairs: dict, key: str) -> dict:
-    from ortspec.costmodel import best_gamma, predicted_speedup
+    from ortspec.control.costmodel import best_gamma, predicted_speedup
     pair = pairs.get(key)
     if pair is None or profile.get("draft_cost") is None:
         return {}
@@ -72,7 +72,7 @@ def predict(profile: dict, pairs: dict, key: str) -> dict:
 
 def check_bundle(path: Path, provider: str, tokens: int, prompts: int, reps: int, pairs: dict) -> dict:
     from ortspec import SpeculativeGenerator
-    from ortspec.calibrate import measure
+    from ortspec.control.calibrate import measure
     from ortspec.exactness import invariance_check
     gen = SpeculativeGenerator.load(path, provider=provider)
     rng = np.random.default_rng(0)

@@ -59,7 +59,6 @@ def _save(kind: str, config: dict, where: Path) -> Path:
 
 
 def build(out: Path, shapes: str = "real") -> list[Path]:
-    from ortspec.export import export_bundle
     out.mkdir(parents=True, exist_ok=True)
     sizes = SHAPES[shapes]
     src = Path(tempfile.mkdtemp(prefix="ortspec-gpu-src-"))  # the Hugging Face copies: removed once exported

@@ -13,8 +13,9 @@ raises the share and the speed), or save host time and lose speed.
 
 Comparing two releases: --against loads another release's runtime package (its ``runtime/`` directory, e.g.
 of a ``git worktree add /tmp/prev <commit>``) into the same process and runs the two alternately on every
-prompt (each first on every other prompt), so both see the same machine state; each cell then reads "other -> this", and
-the last column says whether both gave the same tokens for the same seeds:
+prompt (each first on every other prompt), so both see the same machine state; each cell then reads "other -> this",
+"tok/s this/other" is this release's tokens per second over the other's (target-only / speculating), and the last
+column says whether both gave the same tokens for the same seeds:
 
     git worktree add /tmp/prev HEAD~3
     python tools/host_share.py models/smollm2-135m --against /tmp/prev/runtime --repeat 2 --only "no top-k"
@@ -122,7 +123,7 @@ def main() -> int:
         print(f"{'setting':<48}{'target-only':>14}{'speculating':>14}{'host ms/round (spec.)':>23}{'speedup':>11}")
     else:
         print(f"{'setting':<48}{'target-only':>17}{'speculating':>17}{'host ms/round (spec.)':>23}"
-              f"{'speedup':>16}{'same tokens':>13}")
+              f"{'speedup':>16}{'tok/s this/other':>18}{'same tokens':>13}")
     rels = list(releases)
     for name, settings in settings_run.items():
         spent = {key: [0.0, 0.0, 0, 0] for key in runs}  # host s, total s, rounds, tokens
@@ -159,7 +160,9 @@ def main() -> int:
         cells = [f"{share['other', kind]:.2f} -> {share['this', kind]:.2f}%" for kind in ("none", "model")]
         ms = f"{per_round['other', 'model']:.3f} -> {per_round['this', 'model']:.3f}"
         up = f"{speedup['other']:.2f} -> {speedup['this']:.2f}x"
-        print(f"{name:<48}{cells[0]:>17}{cells[1]:>17}{ms:>23}{up:>16}{f'{same}/{compared}':>13}", flush=True)
+        ratio = " / ".join(f"{speed['this', kind] / speed['other', kind]:.3f}" for kind in ("none", "model"))
+        print(f"{name:<48}{cells[0]:>17}{cells[1]:>17}{ms:>23}{up:>16}{ratio:>18}{f'{same}/{compared}':>13}",
+              flush=True)
     return 0
 
 

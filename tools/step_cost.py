@@ -32,7 +32,7 @@ def main() -> int:
         sys.exit("--positions, --context and --repeat must be positive")
 
     from ortspec.bundle import load_bundle
-    from ortspec.model import CausalLM
+    from ortspec.engine import CausalLM
     lms = {}
     for root in args.bundles:
         b = load_bundle(root, verify="size")

@@ -30,12 +30,35 @@ from __future__ import annotations
 
 from statistics import median
 
-from .config import SpeculationConfig
+from ..config import SpeculationConfig
 from .costmodel import best_gamma, predicted_speedup
 
 
-class FixedController:
-    reads_masses = False  # learns nothing from sum_x min(p, q)
+class Controller:
+    """What the decode loop asks of a gamma controller: ``choose`` before each round, ``update`` after it; and
+    what a request keeps of it (``plans``: it chose gamma and what it learned may be kept)."""
+
+    plans = False         # chooses gamma (what it learns may be kept for the next request)
+    reads_masses = False  # learns acceptance from sum_x min(p, q) when sampling
+    rounds = 0            # rounds it has learned from
+    draft_cost: float | None = None  # the draft step's cost as timed online (or the profile's)
+
+    def choose(self) -> int:
+        """The number of tokens to draft this round (0: none)."""
+        raise NotImplementedError
+
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
+        """A round is over: ``gamma`` drafted (0 when the drafts were free guesses or none), ``accepted`` of them
+        passed; ``side``: drafted by a source this controller does not plan; ``prefill``: a model read a prompt
+        in the round (its times are no step cost); ``masses``: sum_x min(p, q) per verified position."""
+
+    def live_costs(self) -> list[float] | None:
+        """The target's pass costs C_t(1..) for a drafter that sizes its proposals by cost (None: unknown)."""
+        return None
+
+
+class FixedController(Controller):
+    """The same gamma every round; learns nothing."""
 
     def __init__(self, gamma: int):
         self.gamma = gamma
@@ -43,11 +66,8 @@ class FixedController:
     def choose(self) -> int:
         return self.gamma
 
-    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
-        pass
 
-
-class AutoController:
+class AutoController(Controller):
     DECAY = 0.15        # weight of the newest observation
     PAUSE_ROUNDS = 16   # target-only rounds before probing again
     DEEPER = 0.9        # an unmeasured position: this times the acceptance of the one before it
@@ -321,16 +341,16 @@ def make_controller(speculation: SpeculationConfig, generator, mode: str = "gree
     """The request's gamma controller. auto starts from the acceptance this generator's last auto request of
     the same mode learned, else the one stored in the bundle's profile, else a neutral guess."""
     auto = speculation.num_draft_tokens == "auto"
-    if not auto and not hasattr(generator.drafter, "pass_costs"):
+    if not auto and not generator.drafter.sizes_by_cost:
         return FixedController(int(speculation.num_draft_tokens))
-    lm = getattr(generator.drafter, "lm", None)
-    profile = dict((generator.profile() if auto else generator.stored_profile()) or {})  # auto calibrates once
+    lm, memory = generator.drafter.lm, generator.memory
+    profile = dict((generator.profile() if auto else memory.stored()) or {})  # auto calibrates once
     if lm is None:
         profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
     profile["target_costs"] = planning_costs(profile, speculation.bitwise)
-    prior = (getattr(generator, "acceptance_prior", None) or {}).get(mode) or stored_acceptance(profile).get(mode)
+    prior = memory.acceptance_prior.get(mode) or stored_acceptance(profile).get(mode)
     profile.update(prior or {})
-    timings = (getattr(generator, "timing_prior", None) or {}).get(bool(speculation.bitwise))
+    timings = memory.timing_prior.get(bool(speculation.bitwise))
     if timings:  # what the generator's last auto request of the same pass kind timed (C_t(1) differs by kind)
         profile["timed"] = timings["timed"]
         if lm is not None and timings["draft_cost"] is not None:

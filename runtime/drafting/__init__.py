@@ -1,0 +1,8 @@
+"""Drafters: the Drafter base class (what the decode loop asks of one) and each kind: none, model, n-gram lookup, hybrid."""
+from .base import Draft, Drafter, NoDrafter, check_window, common_prefix
+from .hybrid import HybridDrafter
+from .lookup import NgramIndex, Outcomes, PromptLookupDrafter
+from .model import ModelDrafter
+
+__all__ = ["Draft", "Drafter", "NoDrafter", "check_window", "common_prefix", "HybridDrafter", "NgramIndex",
+           "Outcomes", "PromptLookupDrafter", "ModelDrafter"]

@@ -1,0 +1,242 @@
+"""The decode loop: plan -> propose -> verify -> commit -> account, one round at a time, over a generator's models."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import time
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from .config import SpeculationConfig
+from .control import acceptance_mode, make_controller
+from .drafting import Draft, PromptLookupDrafter, common_prefix
+from .errors import OrtspecError
+from .results import Event, Stats
+from .sampling import Dist, LogitsPipeline, draft_pipeline
+from .text import StreamDecoder
+from .verify import Uniforms, Verdict, greedy_verify
+
+if TYPE_CHECKING:
+    from .generator import SpeculativeGenerator, _Request
+
+
+class InvariantError(OrtspecError):
+    """A strict-mode runtime check failed: the cache or logits are inconsistent."""
+
+
+@dataclass
+class Round:
+    """One round, filled in step by step."""
+
+    started: float          # perf_counter at its start
+    target_s: float         # the target's run time before it
+    draft_s: float          # the draft model's run time before it
+    remaining: int          # new tokens the request may still commit
+    limit: int = 0          # the most a drafter may propose (a long copy may pass gamma)
+    gamma: int = 0          # draft tokens planned
+    paused: bool = False    # an auto gamma paused model drafting this round
+    catching_up: bool = False  # the draft model reads a long stretch of context first (no step cost to time)
+    draft: Draft = field(default_factory=Draft.empty)
+    counted: int = 0        # drafts that count as the drafter's (not a free guess)
+    raw: np.ndarray | None = None  # strict: the target's rows as the pass returned them
+    masses: list | None = None     # sampling: sum_x min(p, q) of each verified position, where it is read
+    verdict: Verdict | None = None
+    new: list = field(default_factory=list)   # tokens committed
+    reason: str | None = None                 # "eos" | "length" once the request is over
+    before: list | None = None                # strict: the committed tokens before it
+
+
+class DecodeLoop:
+    """One request's rounds. Each round: (1) plan gamma, (2) propose drafts with their q, (3) one target pass over
+    the unfed committed tokens and the drafts, verified left to right, (4) commit the accepted drafts and the
+    next token and roll both caches back to the committed boundary, (5) account: statistics, the controller,
+    strict checks."""
+
+    def __init__(self, gen: SpeculativeGenerator, req: _Request, stats: Stats, outcome: list):
+        self.gen, self.req, self.stats = gen, req, stats
+        self.outcome = outcome  # the finish reason, once there is one
+        self.sampling = req.sampling.do_sample
+        self.pipe = LogitsPipeline(req.sampling, gen.vocab_size, gen._scratch)
+        self.draft_pipe = draft_pipeline(req.sampling, gen.vocab_size, gen._scratch, gen.draft_sampling) \
+            if self.sampling else self.pipe
+        self.pipe.growing_context = self.draft_pipe.growing_context = True  # ``committed``: one list, only extended
+        self.rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
+        self.mode = acceptance_mode(req.sampling)
+        self.controller = make_controller(req.speculation, gen, self.mode)
+        self.decoder = StreamDecoder(gen.codec if req.text else None)
+        self.committed = list(req.prompt_ids)
+        self.start, self.started = len(self.committed), time.perf_counter()
+        target = self.target = gen.target
+        # Bitwise: no target pass of a size whose rows round differently (pass-size invariance).
+        target.bitwise = req.speculation.bitwise
+        # Reuse whatever cached prefix still matches (the last token is always re-fed; bitwise, only positions
+        # computed in multi-row passes), and make room for the whole request at once (a static cache grows by
+        # copying otherwise).
+        reusable = target.canonical_length if req.speculation.bitwise else self.start
+        target.rollback(min(common_prefix(target.tokens, self.committed), self.start - 1, reusable))
+        gen._sync_drafter(self.committed)
+        self.draft_lm = gen.drafter.lm
+        room = self.start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1
+        for lm, rules in ((target, self.pipe), (self.draft_lm, self.draft_pipe)):
+            if lm is not None:
+                lm.reserve(min(room, lm.capacity))
+                lm.top_k = rules.top_entries()  # the largest entries per row this request's rules read
+                lm.norm_scale = rules.norm_scale()  # and the scale of each row's normalizer (LazyRow)
+        # A long prompt's first token comes from the target alone: the draft model reads the prompt in the
+        # second round, so the user's wait for the first token is the target's prefill only. A draft reading the
+        # target's cache never reads the prompt: it drafts from the second round on, always (whatever the target
+        # kept from an earlier call: the draft's state, and so a seeded output, must not depend on it).
+        self.lazy = gen.drafter.source is not None or len(self.committed) - target.length > gen.LAZY_PREFILL
+
+    def rounds(self) -> Iterator[Event]:
+        while True:
+            r = self.plan()
+            self.propose(r)
+            self.verify(r)
+            self.commit(r)
+            self.account(r)
+            verdict = r.verdict if r.counted else Verdict(0, r.verdict.next_token, False)
+            yield from _events(self.decoder, r.new, verdict, r.counted)
+            if r.reason:
+                yield from self.finish(r.reason)
+                return
+
+    # 1. plan ----------------------------------------------------------------
+    def plan(self) -> Round:
+        """Start a round: what earlier rounds read is released, and gamma is chosen (none in a lazy first round;
+        never past max_new_tokens or the context)."""
+        gen, target, draft_lm = self.gen, self.target, self.draft_lm
+        r = Round(time.perf_counter(), target.run_time_s, draft_lm.run_time_s if draft_lm is not None else 0.0,
+                  self.req.max_new_tokens - (len(self.committed) - self.start))
+        for lm in (target, draft_lm):  # nothing read in the round before is read again
+            if lm is not None:
+                lm.new_round()
+        gen._scratch.new_round()
+        r.limit = min(PromptLookupDrafter.LONG_MAX, r.remaining - 1, target.capacity - len(self.committed))
+        r.gamma = 0 if self.lazy else min(self.controller.choose(), r.limit)
+        r.paused = not self.lazy and r.gamma == 0 and self.controller.plans
+        self.lazy = False
+        # a draft far behind reads its context first: that round's times say nothing about a step's cost
+        r.catching_up = bool(r.gamma) and gen.drafter.unread(self.committed) > gen.LAZY_PREFILL
+        return r
+
+    # 2. propose ---------------------------------------------------------------
+    def propose(self, r: Round) -> None:
+        """The round's drafts with the q each was drawn from; with none and a bitwise pass (two positions anyway),
+        a free one-token n-gram guess that stays out of the drafter's statistics."""
+        gen, controller = self.gen, self.controller
+        if gen.drafter.sizes_by_cost:  # the costs as timed online once two pass sizes are, the profile's before
+            gen.drafter.set_costs(controller.live_costs(), controller.draft_cost)
+        r.draft = self._draft(r)
+        if not r.draft.tokens and self.req.speculation.bitwise and r.remaining > 1 and \
+                self.target.capacity > len(self.committed):
+            guess = gen._guess.lookup(self.committed, 1)
+            r.draft = Draft(guess, [Dist.one_hot(t) for t in guess] if self.sampling else None)
+        else:
+            r.counted = len(r.draft.tokens)
+
+    def _draft(self, r: Round) -> Draft:
+        """The drafter's proposal, checked; with gamma 0 none, unless auto paused model drafting and the drafter
+        may still propose lookups then. Any draft failure degrades to target-only decoding."""
+        gen = self.gen
+        if r.gamma < 1 and not (r.paused and gen.drafter.drafts_when_paused and r.limit > 0):
+            return Draft.empty()
+        try:
+            draft = gen.drafter.propose(self.committed, r.gamma, self.draft_pipe, self.sampling, self.rng,
+                                        limit=r.limit)
+            if len(draft.tokens) > max(r.gamma, r.limit) or any(not 0 <= t < gen.vocab_size for t in draft.tokens):
+                raise ValueError(f"drafter returned invalid tokens {draft.tokens[:8]}")
+            if self.sampling and draft.tokens and (draft.dists is None or len(draft.dists) != len(draft.tokens)):
+                raise ValueError("drafter returned no or too few draft distributions")
+            return draft
+        except Exception as exc:
+            gen._disable_draft(exc)
+            self.stats.draft_disabled = True
+            return Draft.empty()
+
+    # 3. verify ----------------------------------------------------------------
+    def verify(self, r: Round) -> None:
+        """One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma + 1 rows, verified left to right:
+        the next token is a correction or the bonus."""
+        tokens = r.draft.tokens
+        rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1)
+        r.raw = rows.copy() if self.req.strict else None  # verification may rewrite rows in place
+        if not self.sampling:
+            r.verdict = greedy_verify(tokens, self.pipe.greedy(rows, self.committed, tokens))
+            return
+        if r.counted and (self.gen.record_min_mass or self.controller.reads_masses):
+            r.masses = []
+        r.verdict = self.gen._sampled_verify(tokens, r.draft.dists or [],
+                                             self.pipe.verify_rows(rows, self.committed, tokens), self.rng, r.masses)
+        if r.masses:
+            self.stats.record_min_mass(r.masses)
+
+    # 4. commit ----------------------------------------------------------------
+    def commit(self, r: Round) -> None:
+        """Commit the accepted drafts and the next token (cut at EOS and max_new_tokens), and roll both caches back
+        to the committed boundary (rejected keys and values are never read)."""
+        new = r.draft.tokens[:r.verdict.accepted] + [r.verdict.next_token]
+        r.new, r.reason = _cut(new, self.req.eos, r.remaining)
+        r.before = list(self.committed) if self.req.strict else None
+        self.committed.extend(r.new)
+        self.target.rollback(min(self.target.length, len(self.committed) - 1))
+        self.gen._sync_drafter(self.committed)
+
+    # 5. account ---------------------------------------------------------------
+    def account(self, r: Round) -> None:
+        """Statistics, the controller's update, and strict checks."""
+        stats, target, draft_lm = self.stats, self.target, self.draft_lm
+        accepted = r.verdict.accepted if r.counted else 0
+        stats.record(r.counted, accepted, len(r.new), time.perf_counter() - r.started)
+        stats.round_passes.append(None if stats.rounds == 1 or r.catching_up else (
+            len(r.draft.tokens) + 1, target.run_time_s - r.target_s,
+            (draft_lm.run_time_s - r.draft_s) if draft_lm is not None else 0.0))
+        if stats.rounds == 1:
+            stats.first_token_s = time.perf_counter() - self.started
+        self.controller.update(r.counted, accepted, side=r.draft.side, prefill=r.catching_up, masses=r.masses)
+        if self.req.strict:
+            self._check(r)
+
+    def finish(self, reason: str) -> Iterator[Event]:
+        self.outcome.append(reason)
+        self.gen.memory.learn(self.controller, self.mode, self.req.speculation.bitwise)
+        tail = self.decoder.flush()
+        if tail:
+            yield Event([], tail, "text")
+
+    def _check(self, r: Round) -> None:
+        """strict=True: cache lengths, cached tokens, and logits vs a fresh prefill (bit for bit when bitwise)."""
+        committed, t, drafter = r.before + r.new, self.target, self.gen.drafter
+        bitwise = self.req.speculation.bitwise
+        if t.length != len(committed) - 1 or t.tokens != committed[:-1]:
+            raise InvariantError(f"target cache holds {t.length} tokens, expected {len(committed) - 1}")
+        lm, seen = drafter.lm, drafter.view(committed)
+        if lm is not None and (lm.length > len(seen) - 1 or lm.tokens != seen[:lm.length]):
+            raise InvariantError("draft cache holds tokens that are not on the committed path")
+        m = len(r.new)
+        fresh = t.reference_logits(committed[:-1])[-m:]
+        got = r.raw[:m]
+        if not (np.array_equal(got, fresh) if bitwise else np.allclose(got, fresh, rtol=1e-4, atol=1e-4)):
+            err = float(np.max(np.abs(got - fresh)))
+            raise InvariantError(f"speculative-path logits differ from a fresh prefill by {err:.3g}"
+                                 + (" (bitwise: this target is not pass-size invariant here; see ortspec verify)"
+                                    if bitwise else ""))
+
+
+def _cut(new: list[int], eos: frozenset, remaining: int) -> tuple[list[int], str | None]:
+    for i, tok in enumerate(new):
+        if tok in eos:
+            return new[: i + 1], "eos"
+    if len(new) >= remaining:
+        return new[:remaining], "length"
+    return new, None
+
+
+def _events(decoder: StreamDecoder, new: list[int], verdict: Verdict, gamma: int) -> Iterator[Event]:
+    accepted = new[: verdict.accepted]
+    if accepted:
+        yield Event(accepted, decoder.push(accepted), "accepted")
+    rest = new[verdict.accepted:]
+    if rest:
+        kind = "target" if gamma == 0 else ("bonus" if verdict.bonus else "corrected")
+        yield Event(rest, decoder.push(rest), kind)

@@ -137,10 +137,12 @@ class StaticCache:
                 value = ort.OrtValue.ortvalue_from_shape_and_type([1, rows, spec.vocab_size], NP_DTYPE[spec.dtype],
                                                                   lm.device, 0)
                 b.bind_ortvalue_output(spec.logits, value)
+            elif key is not None:  # a kept slot: its values are made once per shape
+                lm.bind_slot(b, slot, rows, k)
             else:
                 b.bind_output(spec.logits, "cpu", 0, NP_DTYPE[spec.dtype], [1, rows, spec.vocab_size],
                               slot.logits_at)
-            if k:
+            if k and key is None:
                 lm.bind_top(b, slot, rows, k)
             feed["out"] = key
         lm.execute(b)

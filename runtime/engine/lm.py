@@ -333,6 +333,18 @@ class CausalLM:
         if self.spec.logits_norm:
             b.bind_output(self.spec.logits_norm["norm"], "cpu", 0, np.float32, [1, rows], slot.norms_at)
 
+    def bind_slot(self, b, slot: HostSlot, rows: int, k: int) -> None:
+        """Bind a kept slot's host arrays as the pass's logits, top entries and normalizers (``bind_top``'s
+        outputs, through values the slot keeps)."""
+        logits, values, cols, norms = slot.outputs(rows, self.spec.vocab_size, k)
+        b.bind_ortvalue_output(self.spec.logits, logits)
+        if k:
+            names = self.spec.top_logits
+            b.bind_ortvalue_output(names["values"], values)
+            b.bind_ortvalue_output(names["ids"], cols)
+            if self.spec.logits_norm:
+                b.bind_ortvalue_output(self.spec.logits_norm["norm"], norms)
+
     def _check_graph_names(self) -> None:
         spec = self.spec
         inputs = {i.name for i in self.session.get_inputs()}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..arena import RoundPool
+from .session import ort
 
 
 @dataclass(eq=False)
@@ -26,9 +27,26 @@ class HostSlot:
     cols_at: int = field(init=False)
     norms_at: int = field(init=False)
 
+    bound: dict = field(init=False, default_factory=dict)
+
     def __post_init__(self):
         self.logits_at, self.values_at = self.logits.ctypes.data, self.top_values.ctypes.data
         self.cols_at, self.norms_at = self.top_cols.ctypes.data, self.norms.ctypes.data
+
+    def outputs(self, rows: int, width: int, k: int) -> tuple:
+        """onnxruntime values over this slot's host arrays for a pass of ``rows`` rows of ``width`` logits and
+        ``k`` top entries each — logits [1, rows, width], top values and columns [1, rows, k], normalizers
+        [1, rows] — made once per shape (binding a made value costs a fraction of binding an address)."""
+        key = (rows, width, k)
+        made = self.bound.get(key)
+        if made is None:
+            value = ort.OrtValue.ortvalue_from_numpy
+            made = self.bound[key] = (
+                value(self.logits[:rows * width].reshape(1, rows, width)),
+                value(self.top_values[:rows * k].reshape(1, rows, k)) if k else None,
+                value(self.top_cols[:rows * k].reshape(1, rows, k)) if k else None,
+                value(self.norms[:rows].reshape(1, rows)))
+        return made
 
 
 def new_slot(dtype, size: int, top: int, rows: int, serial: int | None = None) -> HostSlot:

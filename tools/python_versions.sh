@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The runtime on every supported Python. For each interpreter (arguments, or the pyenv 3.10, 3.12 and 3.13 found
-# here): a virtual environment under build/py/ with ortspec[cpu] and the test tools, the tests of the sampling and
-# verification code (those that need no export), and greedy and seeded sampled generations from tiny bundles this
-# interpreter (the one running the export extra) exported, compared token for token with its own.
+# here): a virtual environment under build/py/ with ortspec[cpu] and the test tools, the tests that need no export
+# (sampling kernels, verification rules and their statistical tests, the code's layout), and greedy and seeded
+# sampled generations from tiny bundles this interpreter (the one running the export extra) exported, compared
+# token for token with its own.
 # Usage: bash tools/python_versions.sh [PYTHON ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +47,12 @@ print(json.dumps(runs))
 EOF
 python3 "$WORK/generate.py" "$WORK/bundles.json" > "$WORK/expected.json"
 
+# the tests that need no export (torch is installed for this interpreter only)
+TESTS=()
+for name in fast_paths verify_exact verify_stats fast_sampling stats_module layout; do
+  TESTS+=("$ROOT/tests/test_$name.py")
+done
+
 status=0
 for py in "$@"; do
   version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -54,7 +61,7 @@ for py in "$@"; do
   "$env/bin/python" -m pip install --quiet --disable-pip-version-check "$ROOT[cpu]" pytest hypothesis scipy
   echo "== Python $version"
   (cd "$WORK" && "$env/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" -c "$ROOT/pyproject.toml" \
-      "$ROOT/tests/test_fast_paths.py" "$ROOT/tests/test_verify_exact.py" "$ROOT/tests/test_fast_sampling.py") \
+      "${TESTS[@]}") \
     || status=1
   got=$("$env/bin/python" "$WORK/generate.py" "$WORK/bundles.json")
   if [ "$got" = "$(cat "$WORK/expected.json")" ]; then

@@ -112,6 +112,9 @@ def test_passes_reuse_their_bound_buffers(kinds):
     real = binding.bind_output
     # (the logits' binding: the graph's top entries are bound beside it whenever it is)
     binding.bind_output = lambda *a, **k: (bound.append(a[4]) if a[0] == lm.spec.logits else None, real(*a, **k))
+    real_value = binding.bind_ortvalue_output  # (a kept buffer binds a value made over it once)
+    binding.bind_ortvalue_output = lambda name, value: (
+        bound.append(value.data_ptr()) if name == lm.spec.logits else None, real_value(name, value))
     for n in range(20, 39):
         lm.new_round()
         rows = lm.forward(ids[n:n + 2], keep=1, reuse=True)  # two positions each (bitwise passes)

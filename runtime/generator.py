@@ -12,6 +12,7 @@ import numpy as np
 
 from .bundle import Bundle, load_bundle
 from .config import SamplingConfig, SpeculationConfig, resolve_sampling
+from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
 from .control import ProfileMemory
 from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
 from .engine import LOGITS_PLACES, CausalLM, check_thread_pool
@@ -38,6 +39,7 @@ class _Request:
     seed: int | None
     strict: bool
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
+    constraint: Constraint | None = None  # structured output: the mask every row is read through
 
 
 def decoding_vocab(bundle: Bundle, codec: TextCodec | None, drafts_with_model: bool) -> int:
@@ -83,6 +85,7 @@ class SpeculativeGenerator:
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
         self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
+        self._vocabulary: Vocabulary | None = None  # the tokenizer as the grammar engine reads it (made once)
         self._guess = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
         # Sampling: sum_x min(p, q) of every verified position into Stats (bench turns it on). An auto gamma
         # learns from it and always computes it; otherwise it is host time that serves only the statistics
@@ -190,7 +193,7 @@ class SpeculativeGenerator:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
         twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
         twin.memory, twin.draft_sampling, twin._scratch = self.memory.sibling(), self.draft_sampling, self._scratch
-        twin.record_min_mass = self.record_min_mass
+        twin.record_min_mass, twin._vocabulary = self.record_min_mass, self._vocabulary
         return twin
 
     def profile(self) -> dict | None:
@@ -229,7 +232,8 @@ class SpeculativeGenerator:
                bad_words_ids: Sequence[Sequence[int]] = (), seed: int | None = None,
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
-               messages: Sequence[dict] | None = None, bitwise: bool = True) -> "_Stream":
+               messages: Sequence[dict] | None = None, bitwise: bool = True,
+               response_format=None) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
 
         The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
@@ -240,7 +244,13 @@ class SpeculativeGenerator:
         Sampling settings left out (None) come from the bundle's generation_config.json, as in transformers'
         ``generate`` (see ``sampling_defaults``), else transformers' defaults: greedy; when sampling,
         temperature 1, top-k 50 (``top_k=0`` turns it off), top-p 1, no repetition penalty.
+
+        ``response_format`` constrains the answer: a JSON schema (a dict), ``{"regex": pattern}``,
+        ``{"grammar": Lark or GBNF text}`` or ``"json"`` (any JSON object). Target and draft rows are masked
+        alike, so the output is distributed exactly as constrained target-only decoding; tokens the constraint
+        forces are drafted for free. Needs the ``structured`` extra.
         """
+        grammar = self._grammar(response_format)
         eos = self._eos(eos_token_id)
         # as transformers' NoBadWordsLogitsProcessor: an end-of-sequence id alone is never a bad word
         words = tuple(tuple(w) for w in bad_words_ids if not (len(w) == 1 and w[0] in eos))
@@ -258,8 +268,21 @@ class SpeculativeGenerator:
             raise CacheOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
                 f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
-        request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict))
+        constraint = None if grammar is None else Constraint(grammar, self._vocabulary, eos, len(ids))
+        request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
+                           constraint=constraint)
         return _Stream(self, request)
+
+    def _grammar(self, response_format) -> str | None:
+        """The grammar of a request's response format (None without one), checked before any model work."""
+        if response_format is None:
+            return None
+        if self.codec is None:
+            raise ConstraintError("structured output needs the bundle's tokenizer; this bundle has none")
+        grammar = grammar_for(response_format)
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self.codec.tokenizer.to_str(), self.vocab_size)
+        return grammar
 
     def sampling_settings(self, **given) -> dict:
         """Sampling settings for a call: each one given (not None) wins, then the bundle's generation

@@ -13,6 +13,7 @@ from .drafting import Draft, PromptLookupDrafter, common_prefix
 from .errors import OrtspecError
 from .results import Event, Stats
 from .sampling import Dist, LogitsPipeline, draft_pipeline
+from .sampling.masked import MaskedPipeline
 from .text import StreamDecoder
 from .verify import Uniforms, Verdict, greedy_verify
 
@@ -38,6 +39,7 @@ class Round:
     catching_up: bool = False  # the draft model reads a long stretch of context first (no step cost to time)
     draft: Draft = field(default_factory=Draft.empty)
     counted: int = 0        # drafts that count as the drafter's (not a free guess)
+    forced: int = 0         # drafts the constraint forced (free: no draft model step)
     raw: np.ndarray | None = None  # strict: the target's rows as the pass returned them
     masses: list | None = None     # sampling: sum_x min(p, q) of each verified position, where it is read
     verdict: Verdict | None = None
@@ -59,6 +61,9 @@ class DecodeLoop:
         self.pipe = LogitsPipeline(req.sampling, gen.vocab_size, gen._scratch)
         self.draft_pipe = draft_pipeline(req.sampling, gen.vocab_size, gen._scratch, gen.draft_sampling) \
             if self.sampling else self.pipe
+        if req.constraint is not None:  # structured output: target and draft rows masked alike
+            self.pipe = MaskedPipeline(self.pipe, req.constraint)
+            self.draft_pipe = MaskedPipeline(self.draft_pipe, req.constraint) if self.sampling else self.pipe
         self.pipe.growing_context = self.draft_pipe.growing_context = True  # ``committed``: one list, only extended
         self.rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
         self.mode = acceptance_mode(req.sampling)
@@ -125,6 +130,13 @@ class DecodeLoop:
         """The round's drafts with the q each was drawn from; with none and a bitwise pass (two positions anyway),
         a free one-token n-gram guess that stays out of the drafter's statistics."""
         gen, controller = self.gen, self.controller
+        if self.req.constraint is not None and r.remaining > 1 and r.limit > 0:
+            forced = self.req.constraint.forced(self.committed)[:r.limit]
+            if forced:  # the only continuation the constraint allows: verified like any draft, drafted for free
+                r.draft, r.forced = Draft(forced, [Dist.one_hot(t) for t in forced] if self.sampling else None), \
+                    len(forced)
+                self.stats.forced += len(forced)
+                return
         if gen.drafter.sizes_by_cost:  # the costs as timed online once two pass sizes are, the profile's before
             gen.drafter.set_costs(controller.live_costs(), controller.draft_cost)
         r.draft = self._draft(r)
@@ -193,7 +205,10 @@ class DecodeLoop:
             (draft_lm.run_time_s - r.draft_s) if draft_lm is not None else 0.0))
         if stats.rounds == 1:
             stats.first_token_s = time.perf_counter() - self.started
-        self.controller.update(r.counted, accepted, side=r.draft.side, prefill=r.catching_up, masses=r.masses)
+        if r.forced:
+            stats.forced_accepted += r.verdict.accepted
+        self.controller.update(r.counted or r.forced, accepted, side=r.draft.side or bool(r.forced),
+                               prefill=r.catching_up, masses=r.masses)
         if self.req.strict:
             self._check(r)
 

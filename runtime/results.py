@@ -30,6 +30,8 @@ class Stats:
     total_time_s: float = 0.0
     first_token_s: float = 0.0    # time to the first committed token (prefill included)
     draft_disabled: bool = False
+    forced: int = 0               # drafts a constraint forced (structured output), proposed without a draft step
+    forced_accepted: int = 0      # ... and those the target accepted
 
     @property
     def acceptance_rate(self) -> float:

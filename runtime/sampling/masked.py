@@ -1,0 +1,57 @@
+"""Rows under a token mask (structured output): disallowed tokens get probability 0, target and draft alike."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .pipeline import LogitsPipeline
+from .rows import Row, Rows
+
+
+class TokenMask:
+    """What a masked pipeline asks of a constraint: the tokens allowed after a context."""
+
+    def allowed(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray | None:
+        """A bool array over the vocabulary: True where a token may follow ``base + new``; None where the
+        context is off the constraint (after a draft token it does not allow: such rows are never read)."""
+        raise NotImplementedError
+
+
+class MaskedPipeline(LogitsPipeline):
+    """A pipeline whose rows are masked before the warpers: the mask is a logits processor in transformers'
+    order (after repetition penalty and banned words, before temperature, top-k and top-p), so a disallowed token
+    has probability 0 and greedy decoding never picks it. Rows are read whole (a row's largest entries settle
+    nothing once most of the vocabulary may be masked)."""
+
+    def __init__(self, pipe: LogitsPipeline, mask: TokenMask):
+        super().__init__(pipe.config, pipe.vocab_size, pipe.scratch)
+        self.mask = mask
+        self.processes = True
+
+    def top_entries(self) -> int:
+        return 0
+
+    def _lazy_rows(self) -> bool:
+        return False
+
+    def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        ids, values = super()._changes(row, base, new)
+        allowed = self.mask.allowed(base, new)
+        if allowed is None:
+            return ids, values
+        if ids.size:  # a masked id is -inf, penalized or not (each id changed once)
+            keep = allowed[ids]
+            ids, values = ids[keep], values[keep]
+        banned = np.flatnonzero(~allowed[:self.vocab_size])
+        return np.concatenate([ids, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
+
+    def greedy(self, logits, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
+        if isinstance(logits, Rows):
+            logits = logits.numpy()
+        return super().greedy(logits, base, new)
+
+    def row(self, logits, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False):
+        if isinstance(logits, Row):
+            logits, inplace = logits.numpy(), inplace and logits.on_host
+        return super().row(logits, base, new, inplace)

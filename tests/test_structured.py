@@ -1,0 +1,282 @@
+"""Structured output: constrained speculative decoding is constrained target-only decoding, token for token when
+greedy and in distribution when sampling; forced tokens are free drafts; bad formats fail before model work.
+
+The pair is random, with a byte-level BPE tokenizer trained here on a little JSON and prose (as real models'
+tokenizers are: merged tokens beside every single byte, so a constraint allows several tokenizations of the
+same text)."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llguidance")
+
+from ortspec import SpeculativeGenerator  # noqa: E402
+from ortspec import loop as loop_module  # noqa: E402
+from ortspec.config import SamplingConfig  # noqa: E402
+from ortspec.constrain import Constraint, ConstraintError, Vocabulary, grammar_for  # noqa: E402
+from ortspec.reference import softmax, top_p_keep, warped_scores  # noqa: E402
+from stats_util import ALPHA, chi_square_p, grouped  # noqa: E402
+
+V = 320
+PROMPT = [1, 40, 41, 42]
+CORPUS = ['{"name": "Ada", "n": 36, "tags": ["ab", "cd"]}', '{"a": [1, 2, 3], "b": true, "c": null}',
+          "the quick brown fox jumps over the lazy dog", "abc abd acd bcd, 0123456789"] * 30
+REGEX = r"(ab|cd|ef)( (ab|cd|ef)){0,3}"
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+          "required": ["name", "n"], "additionalProperties": False}
+
+
+def save_bpe_tokenizer(out) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    from tiny import CHAT_TEMPLATE
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    from tiny import make_model
+    from ortspec.export import export_bundle
+    work = tmp_path_factory.mktemp("structured")
+    target = make_model("llama", work / "t", vocab=V, seed=21, scale=3.0, tokenizer=False)
+    draft = make_model("llama", work / "d", vocab=V, seed=21, scale=3.0, perturb=0.3, tokenizer=False)
+    for d in (target, draft):
+        save_bpe_tokenizer(d)
+    return export_bundle(target=str(target), draft=str(draft), out=work / "b", progress=None)
+
+
+@pytest.fixture(scope="module")
+def gen(bundle):
+    return SpeculativeGenerator.load(bundle, drafter="model", threads=1)
+
+
+@pytest.mark.parametrize("fmt, message", [
+    ({"regex": "(ab"}, "invalid regex"),
+    ({"json_schema": "object"}, "must be a dict"),
+    ({"grammar": "start: (("}, "invalid grammar"),
+    (42, "response_format must be"),
+    ({"type": "object", "properties": {"a": {"type": "no-such-type"}}}, "invalid json schema"),
+])
+def test_bad_formats_fail_before_model_work(gen, fmt, message):
+    rounds = gen.target.run_time_s
+    with pytest.raises(ConstraintError, match=message):
+        gen.generate(input_ids=PROMPT, max_new_tokens=4, response_format=fmt)
+    assert gen.target.run_time_s == rounds  # no pass ran
+
+
+def test_a_bundle_without_tokenizer_is_refused(ids_bundle):
+    g = SpeculativeGenerator.load(ids_bundle, drafter="none", threads=1)
+    with pytest.raises(ConstraintError, match="tokenizer"):
+        g.generate(input_ids=[1, 2, 3], max_new_tokens=4, response_format={"regex": "a+"})
+
+
+@pytest.mark.parametrize("fmt", [{"regex": REGEX}, SCHEMA, "json", {"grammar": 'root ::= "x" [a-c]+ "y"'}])
+def test_greedy_constrained_speculation_is_target_only(gen, fmt):
+    """Every drafter and gamma gives the constrained target-only tokens; a finished answer fits the format."""
+    alone = gen.sibling("none").generate(input_ids=PROMPT, max_new_tokens=40, response_format=fmt)
+    assert alone.token_ids
+    for drafter in ("model", "prompt_lookup", "hybrid"):
+        for gamma in (1, 3, "auto"):
+            got = gen.sibling(drafter).generate(input_ids=PROMPT, max_new_tokens=40, num_draft_tokens=gamma,
+                                                response_format=fmt)
+            assert got.token_ids == alone.token_ids, (drafter, gamma)
+    if alone.finish_reason == "eos":
+        _check_fits(fmt, alone.text)
+
+
+def _check_fits(fmt, text: str) -> None:
+    if fmt == "json" or "type" in fmt:
+        value = json.loads(text)
+        if fmt != "json":
+            import jsonschema
+            jsonschema.validate(value, fmt)
+    elif "regex" in fmt:
+        assert re.fullmatch(fmt["regex"], text), text
+    else:
+        assert re.fullmatch("x[a-c]+y", text), text
+
+
+def test_sampled_json_answers_validate_and_forced_tokens_are_free(gen):
+    """Seeded sampled answers under a schema parse and validate; the schema's fixed keys come as forced drafts
+    that the target accepts."""
+    forced = accepted = finished = 0
+    for seed in range(12):
+        res = gen.generate(input_ids=PROMPT, max_new_tokens=48, do_sample=True, temperature=0.8, seed=seed,
+                           response_format=SCHEMA)
+        forced += res.stats.forced
+        accepted += res.stats.forced_accepted
+        if res.finish_reason == "eos":
+            finished += 1
+            _check_fits(SCHEMA, res.text)
+    assert finished >= 8
+    assert forced > 0 and accepted > 0
+
+
+def test_rejected_drafts_roll_the_grammar_back(bundle):
+    """A matcher moved over drafts and back gives the masks of a fresh one at every point."""
+    g = SpeculativeGenerator.load(bundle, drafter="none", threads=1)
+    vocab = Vocabulary(g.codec.tokenizer.to_str(), g.vocab_size)
+    grammar = grammar_for(SCHEMA)
+    eos = frozenset({2})
+    moved = Constraint(grammar, vocab, eos, start=len(PROMPT))
+    text = g.codec.encode('{"name":"ab","n":7}')
+    for i in range(len(text) + 1):
+        moved.allowed(PROMPT, text[:min(len(text), i + 3)])  # drafts ahead ...
+        fresh = Constraint(grammar, vocab, eos, start=len(PROMPT))
+        assert np.array_equal(moved.allowed(PROMPT + text[:i], []), fresh.allowed(PROMPT, text[:i]))  # ... then back
+    assert moved.allowed(PROMPT, text[:2] + [5, 5, 5]) is None  # off the grammar: no mask (rows never read)
+
+
+# -- exactness in distribution ---------------------------------------------------------------------------------
+K, N = 4, 3000
+SAMPLED = dict(temperature=2.5, top_p=0.95)  # (a flat target: a few hundred sequences of four tokens)
+STAT_REGEX = r"(ab|cd|the|fox|dog| )+"       # model drafts, rejections, and forced tokens ("the" after "t")
+
+
+def exact_sequences(g, fmt) -> dict:
+    """P(first K tokens) under constrained target-only sampling, from the plain reference on whole rows."""
+    config = SamplingConfig(do_sample=True, **SAMPLED)
+    grammar = grammar_for(fmt)
+    vocab = Vocabulary(g.codec.tokenizer.to_str(), g.vocab_size)
+    out = {}
+
+    def walk(prefix, prob):
+        if len(prefix) == K or (prefix and prefix[-1] == 2):
+            out[tuple(prefix)] = out.get(tuple(prefix), 0.0) + prob
+            return
+        allowed = Constraint(grammar, vocab, frozenset({2}), len(PROMPT)).allowed(PROMPT, prefix)
+        logits = np.array(g.target.reference_logits(PROMPT + prefix)[-1], dtype=np.float32)
+        logits[~allowed] = -np.inf
+        scores = warped_scores(logits, PROMPT + prefix, config)
+        p = softmax(np.where(top_p_keep(scores, config.top_p), scores, -np.inf))
+        for t in np.flatnonzero(p > 0):
+            walk(prefix + [int(t)], prob * p[t])
+
+    walk([], 1.0)
+    return out
+
+
+def sampled_sequences(g, fmt, n: int, gamma) -> tuple[dict, int]:
+    """Counts of the first K tokens over n seeded runs (each run for K + 2 tokens, so that rounds of gamma
+    drafts reach past K), and the forced drafts proposed."""
+    counts: dict = {}
+    forced = 0
+    for seed in range(n):
+        res = g.generate(input_ids=PROMPT, max_new_tokens=K + 2, do_sample=True, seed=seed, num_draft_tokens=gamma,
+                         response_format=fmt, **SAMPLED)
+        key = tuple(res.token_ids[:K])
+        counts[key] = counts.get(key, 0) + 1
+        forced += res.stats.forced
+    return counts, forced
+
+
+def p_value(exact: dict, counts: dict) -> float:
+    keys = list(exact)
+    outside = sum(v for k, v in counts.items() if k not in exact)
+    assert not outside, f"{outside} sampled sequences the constraint does not allow"
+    c = np.array([counts.get(k, 0) for k in keys], dtype=np.float64)
+    p = np.array([exact[k] for k in keys])
+    return chi_square_p(*grouped(c, p, groups=30))
+
+
+@pytest.fixture(scope="module")
+def exact(gen):
+    return exact_sequences(gen, {"regex": STAT_REGEX})
+
+
+def test_constrained_sampling_is_exact(gen, exact):
+    """Seeded constrained speculative runs (draft model, gamma 3, forced drafts) against the exact constrained
+    target-only distribution of the first four tokens."""
+    assert len(exact) > 100  # a distribution with room to be wrong in
+    counts, forced = sampled_sequences(gen, {"regex": STAT_REGEX}, N, 3)
+    assert forced > 0
+    assert p_value(exact, counts) > ALPHA
+
+
+def _mask_only(monkeypatch, which: str) -> None:
+    """Mask only the target's rows ("target") or only the draft's ("draft"): the loop masks the target's
+    pipeline first, then the draft's."""
+    made = []
+    real = loop_module.MaskedPipeline
+
+    def masked(pipe, mask):
+        made.append(pipe)
+        first = len(made) % 2 == 1
+        return real(pipe, mask) if first == (which == "target") else pipe
+
+    monkeypatch.setattr(loop_module, "MaskedPipeline", masked)
+
+
+def test_a_mask_on_the_target_only_is_still_exact(gen, exact, monkeypatch):
+    """The acceptance rules hold for any proposal: an unmasked draft only wastes drafts the target rejects."""
+    _mask_only(monkeypatch, "target")
+    counts, _ = sampled_sequences(gen, {"regex": STAT_REGEX}, N // 2, 3)
+    assert p_value(exact, counts) > ALPHA
+
+
+def test_negative_control_a_mask_on_the_draft_only_is_caught(gen, exact, monkeypatch):
+    """The rule broken on purpose: the target's rows read unmasked (only the draft's masked). The same check
+    must fail."""
+    _mask_only(monkeypatch, "draft")
+    counts, _ = sampled_sequences(gen, {"regex": STAT_REGEX}, 600, 3)
+    with pytest.raises(AssertionError):
+        assert p_value(exact, counts) > ALPHA
+
+
+# -- the server, through the official client -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def server(bundle, tmp_path_factory):
+    pytest.importorskip("uvicorn")
+    openai = pytest.importorskip("openai")
+    from test_serve import start_server
+    proc, url = start_server(bundle, tmp_path_factory.mktemp("serve") / "server.log")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield client, client.models.list().data[0].id
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+CHAT = [{"role": "user", "content": "a record please"}]
+
+
+def test_server_answers_a_json_schema_and_a_json_object(server, gen):
+    client, model = server
+    fmt = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA, "strict": True}}
+    whole = client.chat.completions.create(model=model, messages=CHAT, max_tokens=48, temperature=0,
+                                           response_format=fmt)
+    answer = whole.choices[0]
+    assert answer.finish_reason == "stop"
+    _check_fits(SCHEMA, answer.message.content)
+    assert answer.message.content == gen.generate(messages=CHAT, max_new_tokens=48, do_sample=False,
+                                                  response_format=SCHEMA).text  # the Python API's answer
+    pieces = client.chat.completions.create(model=model, messages=CHAT, max_tokens=48, temperature=0,
+                                            response_format=fmt, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in pieces if c.choices) == answer.message.content
+    anything = client.chat.completions.create(model=model, messages=CHAT, max_tokens=48, temperature=0.8, seed=3,
+                                              response_format={"type": "json_object"})
+    if anything.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(anything.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("fmt", [{"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}},
+                                 {"type": "xml"}, "json"])
+def test_server_refuses_bad_formats_as_openai_does(server, fmt):
+    import openai
+    client, model = server
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, response_format=fmt)
+    assert err.value.body["param"] == "response_format"

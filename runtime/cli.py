@@ -23,6 +23,8 @@ EPILOG_GENERATE = """examples:
   ortspec generate models/smollm2-135m --prompt "Write a haiku about caches" --chat
   ortspec generate models/smollm2-135m --prompt "def fib(n):" --drafter prompt-lookup --json
   ortspec generate models/smollm2-135m --prompt "Once" --sample --temperature 0.8 --top-p 0.9 --seed 1
+  ortspec generate models/smollm2-135m --chat --prompt "A user record for Ada, aged 36" --json-schema user.json
+  ortspec generate models/smollm2-135m --chat --prompt "Today's date?" --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
 """
 EPILOG_SERVE = """examples:
   ortspec serve models/smollm2-135m                      # http://127.0.0.1:8000/v1, model id "smollm2-135m"
@@ -33,8 +35,8 @@ EPILOG_SERVE = """examples:
        -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
 
 requests: OpenAI's fields (messages/prompt, max_tokens, temperature (0 = greedy), top_p, seed, stop, stream,
-stream_options.include_usage; n = 1) plus top_k, repetition_penalty, num_draft_tokens, drafter and
-ignore_eos; fields left out take the bundle's generation config. Each response carries an "ortspec" field
+stream_options.include_usage; n = 1; response_format json_object or json_schema, with the structured extra)
+plus top_k, repetition_penalty, num_draft_tokens, drafter and ignore_eos; fields left out take the bundle's generation config. Each response carries an "ortspec" field
 with the request's speculative statistics (acceptance, tokens per round, mean draft length).
 """
 
@@ -161,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result and stats as JSON instead of streaming")
     p.add_argument("--strict", action="store_true", help="check cache and logits invariants every round (slow)")
     _sampling_flags(p)
+    g = p.add_argument_group("structured output (needs the structured extra; target and draft masked alike, so "
+                             "the answer is distributed as constrained target-only decoding)").add_mutually_exclusive_group()
+    g.add_argument("--json-schema", metavar="FILE", help="answer with JSON that a JSON schema (this file) accepts")
+    g.add_argument("--json-object", action="store_true", help="answer with any JSON object")
+    g.add_argument("--regex", metavar="PATTERN", help="answer with text this regular expression matches whole")
+    g.add_argument("--grammar", metavar="FILE", help="answer in a grammar: Lark, or GBNF as llama.cpp writes it")
     _runtime_flags(p)
 
     p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the serve extra)",

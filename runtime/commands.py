@@ -64,6 +64,33 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _response_format(args):
+    """The constraint the generate flags ask for (None: free text), compiled once here to fail early."""
+    from .constrain import ConstraintError, grammar_for
+    fmt = None
+    if args.json_object:
+        fmt = "json"
+    elif args.regex is not None:
+        fmt = {"regex": args.regex}
+    for flag, path in (("--json-schema", args.json_schema), ("--grammar", args.grammar)):
+        if path is None:
+            continue
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConstraintError(f"{flag}: cannot read {path} ({exc.strerror})") from None
+        if flag == "--grammar":
+            fmt = {"grammar": text}
+            continue
+        try:
+            fmt = {"json_schema": json.loads(text)}
+        except json.JSONDecodeError as exc:
+            raise ConstraintError(f"--json-schema: {path} is not JSON ({exc})") from None
+    if fmt is not None:
+        grammar_for(fmt)
+    return fmt
+
+
 def cmd_generate(args) -> int:
     from .generator import SpeculativeGenerator
     if args.prompt is not None and args.input_ids is not None:
@@ -74,6 +101,7 @@ def cmd_generate(args) -> int:
             ids = [int(t) for t in args.input_ids.replace(" ", "").split(",") if t]
         except ValueError:
             raise ValueError("--input-ids must be comma-separated integers, e.g. 1,15,27") from None
+    response_format = _response_format(args)
     if args.recipe:
         from .bundle import is_bundle
         if not is_bundle(Path(args.bundle)):
@@ -88,7 +116,8 @@ def cmd_generate(args) -> int:
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                   seed=args.seed, num_draft_tokens=_gamma(args.num_draft_tokens),
-                  eos_token_id=args.eos_token_id, strict=args.strict, chat=args.chat, system=args.system)
+                  eos_token_id=args.eos_token_id, strict=args.strict, chat=args.chat, system=args.system,
+                  response_format=response_format)
     if args.json:
         res = gen.generate(args.prompt, ids, **kwargs)
         print(json.dumps(res.to_dict(), indent=2))

@@ -19,6 +19,7 @@ import threading
 import time
 
 from .config import SpeculationConfig
+from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
 from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, failed_error, finish_reason_of, parse_request,
@@ -93,7 +94,7 @@ class Engine:
             return gen.stream(input_ids=ids, **opts,
                               max_new_tokens=job.max_tokens or min(room, self.default_max_tokens))
         except (ValueError, OrtspecError) as exc:
-            raise ApiError(400, str(exc)) from None
+            raise ApiError(400, str(exc), "response_format" if isinstance(exc, ConstraintError) else None) from None
 
     def submit(self, job: Job, stream, loop) -> Ticket:
         ticket = Ticket(job, stream, loop)

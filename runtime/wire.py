@@ -117,10 +117,7 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
     best_of = body.get("best_of", 1)
     if best_of not in (None, 1) or isinstance(best_of, bool):
         raise ApiError(400, f"best_of must be 1, got {best_of!r}", "best_of")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise ApiError(400, "response_format: only {\"type\": \"text\"} is supported", "response_format",
-                       "unsupported_parameter")
+    response_format = _response_format(body.get("response_format"))
     if _boolean(body, "echo"):
         raise ApiError(400, "echo is not supported", "echo", "unsupported_parameter")
 
@@ -154,6 +151,8 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         do_sample = None  # silent: the bundle's generation config decides
     options = dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
                    repetition_penalty=penalty, seed=seed, num_draft_tokens=_gamma(body.get("num_draft_tokens")))
+    if response_format is not None:
+        options["response_format"] = response_format
     if _boolean(body, "ignore_eos"):
         options["eos_token_id"] = []
     drafter = body.get("drafter")
@@ -175,6 +174,29 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         raise ApiError(400, "stream_options must be an object, and only with stream: true", "stream_options")
     include_usage = bool(opts and opts.get("include_usage") is True)
     return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id)
+
+
+FORMATS = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}'
+
+
+def _response_format(fmt):
+    """OpenAI's response_format as stream() takes it: None (text), "json" (any JSON object) or a JSON schema.
+    A schema is always held strictly (the answer cannot leave it), whatever ``strict`` says."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if isinstance(schema, dict) and schema:
+            return schema
+        if isinstance(spec, dict) and schema is None:
+            return "json"  # a schema object without a schema: any JSON object
+    raise ApiError(400, f"response_format must be {FORMATS}, got {json.dumps(fmt)[:120]}", "response_format")
 
 
 def _gamma(value):

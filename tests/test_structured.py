@@ -280,3 +280,27 @@ def test_server_refuses_bad_formats_as_openai_does(server, fmt):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model, messages=CHAT, max_tokens=8, response_format=fmt)
     assert err.value.body["param"] == "response_format"
+
+
+# -- the command line ------------------------------------------------------------------------------------------
+
+def test_generate_flags(bundle, tmp_path, capsys):
+    from ortspec.cli import main
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMA))
+    assert main(["generate", str(bundle), "--prompt", "a record", "--json-schema", str(schema), "--json",
+                 "--max-new-tokens", "48", "--drafter", "model"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    if out["finish_reason"] == "eos":
+        _check_fits(SCHEMA, out["text"])
+    assert main(["generate", str(bundle), "--prompt", "ab", "--regex", REGEX, "--json"]) == 0
+    assert re.fullmatch(REGEX, json.loads(capsys.readouterr().out)["text"])
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for flags, needle in ((["--json-schema", str(bad)], "is not JSON"),
+                          (["--json-schema", str(tmp_path / "missing.json")], "cannot read"),
+                          (["--regex", "(ab"], "invalid regex")):
+        assert main(["generate", str(bundle), "--prompt", "ab", *flags]) == 2
+        assert needle in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one constraint at a time
+        main(["generate", str(bundle), "--prompt", "ab", "--regex", "a", "--json-object"])

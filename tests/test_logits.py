@@ -180,3 +180,14 @@ def test_seen_tokens_follow_growing_changing_and_empty_contexts():
         got = pipe._seen_tokens(base, new)
         assert got.size == len(set(got.tolist()))  # no id twice
         assert set(got.tolist()) == {t for t in base + new if t < 50}, step
+
+
+def test_a_block_of_fewer_rows_ends_where_new_ends():
+    """A draft step's one row is conditioned on all of the drafts before it (the penalty reads them), as the
+    last row of a verification block is."""
+    pipe = LogitsPipeline(SamplingConfig(repetition_penalty=3.0), 8)
+    row = np.array([[5.0, 4.9, 0, 0, 0, 0, 0, 0]], np.float32)
+    assert pipe.greedy(row, [2, 3], [])[0] == 0
+    assert pipe.greedy(row, [2, 3], [0])[0] == 1  # 0 was drafted before this row: penalized
+    assert pipe.greedy(np.vstack([row, row]), [2, 3], [0]).tolist() == [0, 1]
+    assert np.array_equal(pipe.scores(row, [2, 3], [0])[0], pipe.scores(np.vstack([row, row]), [2, 3], [0])[1])

@@ -31,7 +31,9 @@ class LogitsPipeline:
     """Applies a SamplingConfig row by row, each row with its own context.
 
     Row ``i`` of a block of logits is conditioned on ``base + new[:i]``: the
-    committed tokens plus the draft tokens fed before that position.
+    committed tokens plus the draft tokens fed before that position. A block of
+    fewer rows (a draft step's one row) ends where ``new`` ends: its last row
+    is conditioned on ``base + new``.
     """
 
     def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None):
@@ -62,8 +64,9 @@ class LogitsPipeline:
         """Processed scores [rows, vocab] in float32 (penalty + banned words), as transformers computes them: the
         logits as float32, the penalty's products and quotients rounded to float32."""
         rows = np.array(np.asarray(logits)[:, : self.vocab_size], dtype=np.float32)
+        skip = max(0, len(new) - rows.shape[0] + 1)  # (the last row reads all of new)
         for i in range(rows.shape[0]):
-            ids, values = self._changes(rows[i], base, new[:i])
+            ids, values = self._changes(rows[i], base, new[:skip + i])
             rows[i, ids] = values
         if not np.all(np.isfinite(rows.max(axis=1))):
             raise ValueError("every token is banned at some position; remove entries from bad_words_ids")
@@ -72,7 +75,8 @@ class LogitsPipeline:
     def greedy(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """Greedy choice per row: argmax of processed scores, lowest index on ties."""
         if isinstance(logits, Rows):  # rows a pass returns with their largest entries
-            return np.array([self._device_greedy(logits[i], base, new[:i]) for i in range(len(logits))])
+            skip = max(0, len(new) - len(logits) + 1)  # (the last row reads all of new)
+            return np.array([self._device_greedy(logits[i], base, new[:skip + i]) for i in range(len(logits))])
         if not self.processes:
             return np.argmax(logits[:, : self.vocab_size], axis=1)  # float32 -> float64 keeps the order
         return np.argmax(self.scores(logits, base, new), axis=1)

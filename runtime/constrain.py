@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Sequence
 
 import numpy as np
@@ -99,6 +100,7 @@ class Constraint(TokenMask):
         self._masks: dict[int, np.ndarray] = {}  # consumed length -> the allowed tokens there
         self._bits = np.zeros((self.vocab_size + 31) // 32, dtype=np.int32)
         self.masks_made = 0
+        self.time_s = 0.0  # spent moving the matcher and making masks
 
     def _move(self, tokens: Sequence[int]) -> bool:
         """Bring the matcher to the state after ``tokens`` (generated tokens); False when one of them is not
@@ -120,7 +122,13 @@ class Constraint(TokenMask):
         return took == len(rest)
 
     def allowed(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray | None:
-        tokens = list(base[self.start:]) + list(new)
+        t0 = time.perf_counter()
+        try:
+            return self._allowed(list(base[self.start:]) + list(new))
+        finally:
+            self.time_s += time.perf_counter() - t0
+
+    def _allowed(self, tokens: list[int]) -> np.ndarray | None:
         if not self._move(tokens):
             return None
         mask = self._masks.get(len(tokens))
@@ -139,9 +147,13 @@ class Constraint(TokenMask):
     def forced(self, committed: Sequence[int]) -> list[int]:
         """Tokens the constraint allows as the only continuation of ``committed`` (a schema's fixed keys,
         closing brackets): drafts that cost no draft model step."""
-        if not self._move(committed[self.start:]) or self.matcher.is_stopped():
-            return []
-        return list(self.matcher.compute_ff_tokens())
+        t0 = time.perf_counter()
+        try:
+            if not self._move(committed[self.start:]) or self.matcher.is_stopped():
+                return []
+            return list(self.matcher.compute_ff_tokens())
+        finally:
+            self.time_s += time.perf_counter() - t0
 
     def complete(self, committed: Sequence[int]) -> bool:
         """Whether the generated text so far is a whole answer (the constraint may end here)."""

@@ -86,6 +86,7 @@ class SpeculativeGenerator:
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
         self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
         self._vocabulary: Vocabulary | None = None  # the tokenizer as the grammar engine reads it (made once)
+        self.forced_drafts = True  # tokens a constraint forces go out as free drafts (off: to measure what they buy)
         self._guess = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
         # Sampling: sum_x min(p, q) of every verified position into Stats (bench turns it on). An auto gamma
         # learns from it and always computes it; otherwise it is host time that serves only the statistics
@@ -194,6 +195,7 @@ class SpeculativeGenerator:
         twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
         twin.memory, twin.draft_sampling, twin._scratch = self.memory.sibling(), self.draft_sampling, self._scratch
         twin.record_min_mass, twin._vocabulary = self.record_min_mass, self._vocabulary
+        twin.forced_drafts = self.forced_drafts
         return twin
 
     def profile(self) -> dict | None:

@@ -130,7 +130,7 @@ class DecodeLoop:
         """The round's drafts with the q each was drawn from; with none and a bitwise pass (two positions anyway),
         a free one-token n-gram guess that stays out of the drafter's statistics."""
         gen, controller = self.gen, self.controller
-        if self.req.constraint is not None and r.remaining > 1 and r.limit > 0:
+        if self.req.constraint is not None and gen.forced_drafts and r.remaining > 1 and r.limit > 0:
             forced = self.req.constraint.forced(self.committed)[:r.limit]
             if forced:  # the only continuation the constraint allows: verified like any draft, drafted for free
                 r.draft, r.forced = Draft(forced, [Dist.one_hot(t) for t in forced] if self.sampling else None), \
@@ -209,6 +209,8 @@ class DecodeLoop:
             stats.forced_accepted += r.verdict.accepted
         self.controller.update(r.counted or r.forced, accepted, side=r.draft.side or bool(r.forced),
                                prefill=r.catching_up, masses=r.masses)
+        if self.req.constraint is not None:
+            stats.constraint_time_s = self.req.constraint.time_s
         if self.req.strict:
             self._check(r)
 

@@ -32,6 +32,7 @@ class Stats:
     draft_disabled: bool = False
     forced: int = 0               # drafts a constraint forced (structured output), proposed without a draft step
     forced_accepted: int = 0      # ... and those the target accepted
+    constraint_time_s: float = 0.0  # spent in the constraint's matcher (moving it, making masks)
 
     @property
     def acceptance_rate(self) -> float:
@@ -94,6 +95,8 @@ class Stats:
             "overhead_time_s": self.overhead_time_s, "total_time_s": self.total_time_s,
             "first_token_s": self.first_token_s,
             "draft_disabled": self.draft_disabled,
+            "forced": self.forced, "forced_accepted": self.forced_accepted,
+            "constraint_time_s": self.constraint_time_s,
         }
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -284,23 +286,41 @@ def test_server_refuses_bad_formats_as_openai_does(server, fmt):
 
 # -- the command line ------------------------------------------------------------------------------------------
 
-def test_generate_flags(bundle, tmp_path, capsys):
-    from ortspec.cli import main
+def _cli(*args) -> subprocess.CompletedProcess:
+    """The ortspec command in a process of its own (it runs onnxruntime on the shared thread pool, which would
+    hold for this process's later tests)."""
+    code = "from ortspec.cli import main; raise SystemExit(main())"
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_generate_flags(bundle, tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SCHEMA))
-    assert main(["generate", str(bundle), "--prompt", "a record", "--json-schema", str(schema), "--json",
-                 "--max-new-tokens", "48", "--drafter", "model"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    got = _cli("generate", bundle, "--prompt", "a record", "--json-schema", schema, "--json", "--max-new-tokens", 48)
+    assert got.returncode == 0, got.stderr
+    out = json.loads(got.stdout)
     if out["finish_reason"] == "eos":
         _check_fits(SCHEMA, out["text"])
-    assert main(["generate", str(bundle), "--prompt", "ab", "--regex", REGEX, "--json"]) == 0
-    assert re.fullmatch(REGEX, json.loads(capsys.readouterr().out)["text"])
+    got = _cli("generate", bundle, "--prompt", "ab", "--regex", REGEX, "--json")
+    assert got.returncode == 0 and re.fullmatch(REGEX, json.loads(got.stdout)["text"]), got.stderr
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    for flags, needle in ((["--json-schema", str(bad)], "is not JSON"),
-                          (["--json-schema", str(tmp_path / "missing.json")], "cannot read"),
+    for flags, needle in ((["--json-schema", bad], "is not JSON"),
+                          (["--json-schema", tmp_path / "missing.json"], "cannot read"),
                           (["--regex", "(ab"], "invalid regex")):
-        assert main(["generate", str(bundle), "--prompt", "ab", *flags]) == 2
-        assert needle in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # one constraint at a time
-        main(["generate", str(bundle), "--prompt", "ab", "--regex", "a", "--json-object"])
+        got = _cli("generate", bundle, "--prompt", "ab", *flags)
+        assert got.returncode == 2 and needle in got.stderr, got.stderr
+    got = _cli("generate", bundle, "--prompt", "ab", "--regex", "a", "--json-object")  # one constraint at a time
+    assert got.returncode == 2 and "not allowed with" in got.stderr, got.stderr
+
+
+def test_structured_bench_prints_every_mode(bundle):
+    """tools/structured_bench.py: each sampling and decoding mode gets a row with a positive speed."""
+    from pathlib import Path
+    tool = Path(__file__).resolve().parents[1] / "tools" / "structured_bench.py"
+    proc = subprocess.run([sys.executable, str(tool), str(bundle), "--limit", "1", "--max-new-tokens", "12",
+                           "--compact"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("greedy", "sampled"))]
+    assert len(rows) == 6 and all(float(r[4] if r[1] == "+" else r[3]) > 0 for r in rows), proc.stdout

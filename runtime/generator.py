@@ -17,6 +17,7 @@ from .control import ProfileMemory
 from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
 from .engine import LOGITS_PLACES, CausalLM, check_thread_pool
 from .errors import BundleError, CacheOverflowError, IncompatibleModelsError
+from .logprobs import check_logprobs
 from .loop import DecodeLoop, InvariantError
 from .results import Event, Result, Stats
 from .sampling import Scratch
@@ -40,6 +41,7 @@ class _Request:
     strict: bool
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
     constraint: Constraint | None = None  # structured output: the mask every row is read through
+    logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives
 
 
 def decoding_vocab(bundle: Bundle, codec: TextCodec | None, drafts_with_model: bool) -> int:
@@ -222,11 +224,14 @@ class SpeculativeGenerator:
         events = self.stream(prompt, input_ids, **kwargs)
         events._req = replace(events._req, text=False)  # before the first round: no per-round detokenizing
         ids: list[int] = []
+        logprobs = [] if events._req.logprobs is not None else None
         for ev in events:
             ids.extend(ev.token_ids)
+            if logprobs is not None and ev.logprobs:
+                logprobs.extend(ev.logprobs)
         stats, reason = events.result  # type: ignore[attr-defined]
         text = self.codec.decode(ids) if self.codec else None
-        return Result(ids, text, stats, reason)
+        return Result(ids, text, stats, reason, logprobs)
 
     def stream(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, *,
                max_new_tokens: int = 64, do_sample: bool | None = None, temperature: float | None = None,
@@ -235,7 +240,7 @@ class SpeculativeGenerator:
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
                messages: Sequence[dict] | None = None, bitwise: bool = True,
-               response_format=None) -> "_Stream":
+               response_format=None, logprobs: int | None = None) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
 
         The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
@@ -251,7 +256,12 @@ class SpeculativeGenerator:
         ``{"grammar": Lark or GBNF text}`` or ``"json"`` (any JSON object). Target and draft rows are masked
         alike, so the output is distributed exactly as constrained target-only decoding; tokens the constraint
         forces are drafted for free. Needs the ``structured`` extra.
+
+        ``logprobs`` (0..20) asks for each token's log-probability under the distribution it was drawn from
+        (the processed target distribution; when greedy, the softmax of the processed scores) and that many
+        most likely alternatives: ``Event.logprobs`` and ``Result.logprobs``, one ``TokenLogprob`` per token.
         """
+        logprobs = check_logprobs(logprobs)
         grammar = self._grammar(response_format)
         eos = self._eos(eos_token_id)
         # as transformers' NoBadWordsLogitsProcessor: an end-of-sequence id alone is never a bad word
@@ -272,7 +282,7 @@ class SpeculativeGenerator:
                 f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
         constraint = None if grammar is None else Constraint(grammar, self._vocabulary, eos, len(ids))
         request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
-                           constraint=constraint)
+                           constraint=constraint, logprobs=logprobs)
         return _Stream(self, request)
 
     def _grammar(self, response_format) -> str | None:

@@ -11,6 +11,7 @@ from .config import SpeculationConfig
 from .control import acceptance_mode, make_controller
 from .drafting import Draft, PromptLookupDrafter, common_prefix
 from .errors import OrtspecError
+from .logprobs import token_logprob
 from .results import Event, Stats
 from .sampling import Dist, LogitsPipeline, draft_pipeline
 from .sampling.masked import MaskedPipeline
@@ -45,6 +46,7 @@ class Round:
     verdict: Verdict | None = None
     new: list = field(default_factory=list)   # tokens committed
     reason: str | None = None                 # "eos" | "length" once the request is over
+    logprobs: list | None = None              # one TokenLogprob per committed token, where asked for
     before: list | None = None                # strict: the committed tokens before it
 
 
@@ -101,7 +103,7 @@ class DecodeLoop:
             self.commit(r)
             self.account(r)
             verdict = r.verdict if r.counted else Verdict(0, r.verdict.next_token, False)
-            yield from _events(self.decoder, r.new, verdict, r.counted)
+            yield from _events(self.decoder, r.new, verdict, r.counted, r.logprobs)
             if r.reason:
                 yield from self.finish(r.reason)
                 return
@@ -172,7 +174,9 @@ class DecodeLoop:
         the next token is a correction or the bonus."""
         tokens = r.draft.tokens
         rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1)
-        r.raw = rows.copy() if self.req.strict else None  # verification may rewrite rows in place
+        # (strict checks and log-probabilities read the rows as the pass returned them: verification may rewrite
+        # rows in place)
+        r.raw = rows.copy() if self.req.strict or self.req.logprobs is not None else None
         if not self.sampling:
             r.verdict = greedy_verify(tokens, self.pipe.greedy(rows, self.committed, tokens))
             return
@@ -189,10 +193,22 @@ class DecodeLoop:
         to the committed boundary (rejected keys and values are never read)."""
         new = r.draft.tokens[:r.verdict.accepted] + [r.verdict.next_token]
         r.new, r.reason = _cut(new, self.req.eos, r.remaining)
+        if self.req.logprobs is not None:
+            r.logprobs = self._logprobs(r)
         r.before = list(self.committed) if self.req.strict else None
         self.committed.extend(r.new)
         self.target.rollback(min(self.target.length, len(self.committed) - 1))
         self.gen._sync_drafter(self.committed)
+
+    def _logprobs(self, r: Round) -> list:
+        """The committed tokens' log-probabilities: token j from row j of the pass (its context the committed
+        text and the tokens before it, drafts that passed)."""
+        out, constraint, width = [], self.req.constraint, self.gen.vocab_size
+        for j, tok in enumerate(r.new):
+            context = self.committed + r.new[:j]
+            allowed = constraint.allowed(self.committed, r.new[:j]) if constraint is not None else None
+            out.append(token_logprob(r.raw[j][:width], context, self.req.sampling, tok, self.req.logprobs, allowed))
+        return out
 
     # 5. account ---------------------------------------------------------------
     def account(self, r: Round) -> None:
@@ -249,11 +265,13 @@ def _cut(new: list[int], eos: frozenset, remaining: int) -> tuple[list[int], str
     return new, None
 
 
-def _events(decoder: StreamDecoder, new: list[int], verdict: Verdict, gamma: int) -> Iterator[Event]:
-    accepted = new[: verdict.accepted]
+def _events(decoder: StreamDecoder, new: list[int], verdict: Verdict, gamma: int,
+            logprobs: list | None = None) -> Iterator[Event]:
+    cut = verdict.accepted
+    accepted = new[:cut]
     if accepted:
-        yield Event(accepted, decoder.push(accepted), "accepted")
-    rest = new[verdict.accepted:]
+        yield Event(accepted, decoder.push(accepted), "accepted", None if logprobs is None else logprobs[:cut])
+    rest = new[cut:]
     if rest:
         kind = "target" if gamma == 0 else ("bonus" if verdict.bonus else "corrected")
-        yield Event(rest, decoder.push(rest), kind)
+        yield Event(rest, decoder.push(rest), kind, None if logprobs is None else logprobs[cut:])

@@ -107,6 +107,7 @@ class Event:
     token_ids: list[int]
     text: str
     kind: str
+    logprobs: list | None = None  # one TokenLogprob per token, where the request asked for them
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,13 @@ class Result:
     text: str | None
     stats: Stats
     finish_reason: str  # "eos" | "length"
+    logprobs: list | None = None  # one TokenLogprob per token, where the request asked for them
 
     def to_dict(self) -> dict:
-        return {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
-                "stats": self.stats.to_dict()}
+        out = {"token_ids": self.token_ids, "text": self.text, "finish_reason": self.finish_reason,
+               "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token_id": t.token_id, "logprob": t.logprob, "top": [list(x) for x in t.top]}
+                               for t in self.logprobs]
+        return out
 

@@ -35,9 +35,10 @@ EPILOG_SERVE = """examples:
        -d '{"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 32}'
 
 requests: OpenAI's fields (messages/prompt, max_tokens, temperature (0 = greedy), top_p, seed, stop, stream,
-stream_options.include_usage; n = 1; response_format json_object or json_schema, with the structured extra)
-plus top_k, repetition_penalty, num_draft_tokens, drafter and ignore_eos; fields left out take the bundle's generation config. Each response carries an "ortspec" field
-with the request's speculative statistics (acceptance, tokens per round, mean draft length).
+stream_options.include_usage; n = 1; logprobs, top_logprobs; response_format json_object or json_schema,
+with the structured extra) plus top_k, repetition_penalty, num_draft_tokens, drafter and ignore_eos; fields
+left out take the bundle's generation config. Each response carries an "ortspec" field with the request's
+speculative statistics (acceptance, tokens per round, mean draft length).
 """
 
 

@@ -22,8 +22,8 @@ from .config import SpeculationConfig
 from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
-from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, failed_error, finish_reason_of, parse_request,
-                   response_body, sse_event, stream_chunk, usage_of)
+from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, failed_error, finish_reason_of, logprobs_field,
+                   parse_request, response_body, sse_event, stream_chunk, usage_of)
 
 log = logging.getLogger("ortspec.serve")
 
@@ -128,6 +128,8 @@ class Engine:
         try:
             for ev in stream:
                 tokens += len(ev.token_ids)
+                if ev.logprobs:  # (every token generated, up to the one that completes a stop string)
+                    ticket.put(("logprobs", ev.logprobs))
                 text, hit = stop.push(ev.text)
                 if text:
                     ticket.put(("text", text))
@@ -304,16 +306,20 @@ async def _next(ticket: Ticket, engine: Engine):
 
 async def _collect(ticket: Ticket, engine: Engine, request) -> dict:
     parts: list[str] = []
+    entries = [] if "logprobs" in ticket.job.options else None
     watcher = asyncio.ensure_future(_watch_disconnect(request, ticket))
     try:
         while True:
             kind, value = await _next(ticket, engine)
             if kind == "text":
                 parts.append(value)
+            elif kind == "logprobs":
+                entries.extend(value)
             elif kind == "error":
                 raise failed_error(value)
             else:
-                return response_body(ticket.job, "".join(parts), value)
+                lp = None if entries is None else logprobs_field(ticket.job, entries, ticket.stream._gen.codec, [])
+                return response_body(ticket.job, "".join(parts), value, lp)
     finally:
         watcher.cancel()
         ticket.cancel.set()  # no-op once done; stops the generation on any early exit
@@ -330,7 +336,7 @@ async def _watch_disconnect(request, ticket: Ticket) -> None:
 async def _sse(ticket: Ticket, engine: Engine):
     """Server-sent events in OpenAI's chunk format, ending with [DONE]; an error ends the stream with an
     {"error": ...} event. A client that goes away cancels the generation (the worker stops within a round)."""
-    job = ticket.job
+    job, sent, before = ticket.job, 0, []
     try:
         if job.kind == "chat":
             yield sse_event(stream_chunk(job, None, None, first=True))
@@ -341,7 +347,11 @@ async def _sse(ticket: Ticket, engine: Engine):
                 yield sse_event(exc.body())
                 break
             if kind == "text":
+                sent += len(value)
                 yield sse_event(stream_chunk(job, value, None))
+            elif kind == "logprobs":
+                lp = logprobs_field(job, value, ticket.stream._gen.codec, before, sent)
+                yield sse_event(stream_chunk(job, "", None, logprobs=lp))
             elif kind == "error":
                 yield sse_event(failed_error(value).body())
                 break

@@ -20,7 +20,6 @@ UNSUPPORTED = {
     "functions": "function calls are not supported",
     "function_call": "function calls are not supported",
     "logit_bias": "logit_bias is not supported",
-    "top_logprobs": "logprobs are not supported",
     "suffix": "suffix (insertion) is not supported",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported; ortspec speculates on its own",
@@ -109,8 +108,6 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         if _number(body, name) not in (None, 0.0):
             raise ApiError(400, f"{name} is not supported; use repetition_penalty (Hugging Face semantics, "
                                 "> 1 discourages repeats)", name, "unsupported_parameter")
-    if body.get("logprobs") not in (None, False, 0):
-        raise ApiError(400, "logprobs are not supported", "logprobs", "unsupported_parameter")
     n = body.get("n", 1)
     if n not in (None, 1) or isinstance(n, bool):
         raise ApiError(400, f"n must be 1 (one choice per request), got {n!r}", "n")
@@ -153,6 +150,9 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
                    repetition_penalty=penalty, seed=seed, num_draft_tokens=_gamma(body.get("num_draft_tokens")))
     if response_format is not None:
         options["response_format"] = response_format
+    logprobs = _logprobs(body, kind)
+    if logprobs is not None:
+        options["logprobs"] = logprobs
     if _boolean(body, "ignore_eos"):
         options["eos_token_id"] = []
     drafter = body.get("drafter")
@@ -197,6 +197,64 @@ def _response_format(fmt):
         if isinstance(spec, dict) and schema is None:
             return "json"  # a schema object without a schema: any JSON object
     raise ApiError(400, f"response_format must be {FORMATS}, got {json.dumps(fmt)[:120]}", "response_format")
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """Alternatives per token the answer reports (None: no log-probabilities). Chat: ``logprobs`` true with
+    ``top_logprobs`` 0..20; completions: ``logprobs`` 0..20."""
+    if kind == "chat":
+        top = _integer(body, "top_logprobs", 0, 20)
+        if not _boolean(body, "logprobs"):
+            if top is not None:
+                raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return top or 0
+    value = body.get("logprobs")
+    if value is None or value is False:
+        return None
+    return _integer(body, "logprobs", 0, 20)
+
+
+TEXT_WINDOW = 16  # tokens before a token that its text is decoded after (spaces and bytes join with them)
+
+
+def logprobs_field(job: Job, entries: list, codec, before: list[int], offset: int = 0) -> dict:
+    """OpenAI's ``logprobs`` of a choice for TokenLogprob entries: chat's ``content`` list, or the completions
+    API's parallel lists (``text_offset`` from ``offset``, the characters before these tokens). A token's text is
+    what it adds after the tokens ``before`` it (the answer's earlier tokens: extended here), so that the texts of
+    an answer's tokens join into its text."""
+    window: list[int] = before[-TEXT_WINDOW:]
+
+    def text(t: int) -> str:
+        if codec is None:
+            return str(t)
+        return codec.decode(window + [t])[len(codec.decode(window)) if window else 0:]
+
+    def value(lp: float) -> float:  # a token of probability 0 (past top-k or top-p) as OpenAI writes one
+        return lp if math.isfinite(lp) else -9999.0
+
+    if job.kind == "chat":
+        def one(t: int, lp: float) -> dict:
+            s = text(t)
+            return {"token": s, "logprob": value(lp), "bytes": list(s.encode())}
+        content = []
+        for e in entries:
+            content.append(dict(one(e.token_id, e.logprob), top_logprobs=[one(i, v) for i, v in e.top]))
+            window = (window + [e.token_id])[-TEXT_WINDOW:]
+            before.append(e.token_id)
+        return {"content": content, "refusal": None}
+    tokens, tops = [], []
+    for e in entries:
+        tokens.append(text(e.token_id))
+        tops.append({text(i): value(v) for i, v in e.top})
+        window = (window + [e.token_id])[-TEXT_WINDOW:]
+        before.append(e.token_id)
+    offsets, at = [], offset
+    for s in tokens:
+        offsets.append(at)
+        at += len(s)
+    return {"tokens": tokens, "token_logprobs": [value(e.logprob) for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 def _gamma(value):
@@ -282,21 +340,26 @@ def envelope(job: Job, choice: dict, chunk: bool, **extra) -> dict:
     chat = job.kind == "chat"
     obj = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
     return {"id": ("chatcmpl-" if chat else "cmpl-") + job.id, "object": obj, "created": job.created,
-            "model": job.model, "choices": [dict(choice, index=0, logprobs=None)], **extra}
+            "model": job.model, "choices": [{"index": 0, "logprobs": None, **choice}], **extra}
 
 
-def response_body(job: Job, text: str, outcome: Outcome) -> dict:
+def response_body(job: Job, text: str, outcome: Outcome, logprobs: dict | None = None) -> dict:
     body = {"message": {"role": "assistant", "content": text}} if job.kind == "chat" else {"text": text}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     return envelope(job, dict(body, finish_reason=finish_reason_of(outcome)), False, usage=usage_of(outcome),
                      ortspec=outcome.stats)
 
 
-def stream_chunk(job: Job, text: str | None, finish: str | None, first: bool = False, extra: dict | None = None) -> dict:
+def stream_chunk(job: Job, text: str | None, finish: str | None, first: bool = False, extra: dict | None = None,
+                 logprobs: dict | None = None) -> dict:
     if job.kind == "chat":
         delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text is not None else {})
         body = {"delta": delta}
     else:
         body = {"text": text or ""}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     return envelope(job, dict(body, finish_reason=finish), True, **(extra or {}))
 
 

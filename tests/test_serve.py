@@ -180,6 +180,32 @@ def test_completions_endpoint_equals_python_api(server, api):
     assert streamed == want.text
 
 
+def test_logprobs_are_the_python_apis(server, api):
+    """Chat (whole and streamed) and completions report each token's log-probability and alternatives as the
+    Python API does; a token past top-k reads -9999 (OpenAI's value for probability 0), never a non-JSON -inf."""
+    c = client(server)
+    want = api.generate(messages=CHAT, max_new_tokens=12, do_sample=False, logprobs=3, eos_token_id=[])
+    r = c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0, logprobs=True,
+                                  top_logprobs=3, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert [e.logprob for e in content] == [t.logprob for t in want.logprobs]
+    assert [[x.logprob for x in e.top_logprobs] for e in content] == [[v for _, v in t.top] for t in want.logprobs]
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    chunks = c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0, logprobs=True,
+                                       top_logprobs=3, stream=True, extra_body={"ignore_eos": True})
+    streamed = [e.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    assert streamed == [t.logprob for t in want.logprobs]
+    legacy = c.completions.create(model=MODEL, prompt="w7 w8 w9", max_tokens=6, temperature=0.9, seed=2, logprobs=5,
+                                  extra_body={"ignore_eos": True, "top_k": 2})
+    lp = legacy.choices[0].logprobs
+    mine = api.generate(prompt="w7 w8 w9", max_new_tokens=6, do_sample=True, temperature=0.9, seed=2, top_k=2,
+                        logprobs=5, eos_token_id=[])
+    assert lp.token_logprobs == [t.logprob for t in mine.logprobs]
+    assert all(len(top) <= 5 and -9999.0 in top.values() for top in lp.top_logprobs)  # 3 of 5 past top-k 2
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == legacy.choices[0].text
+
+
 def test_sampling_with_seed_is_the_python_apis(server, api):
     want = api.generate(messages=CHAT, max_new_tokens=20, do_sample=True, temperature=0.9, top_p=0.95, seed=7,
                         eos_token_id=[])
@@ -316,7 +342,9 @@ BAD = [
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 0}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "seed": -3}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "stop": ["a", "b", "c", "d", "e"]}, 400, None),
-    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logprobs": True}, 400, "unsupported_parameter"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "top_logprobs": 3}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, None),
+    ("/v1/completions", {"model": MODEL, "prompt": "w1", "logprobs": -1}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function"}]}, 400,
      "unsupported_parameter"),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "presence_penalty": 0.5}, 400,

@@ -18,6 +18,7 @@ from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafte
 from .engine import LOGITS_PLACES, CausalLM, check_thread_pool
 from .errors import BundleError, CacheOverflowError, IncompatibleModelsError
 from .logprobs import check_logprobs
+from .tools import check_tools
 from .loop import DecodeLoop, InvariantError
 from .results import Event, Result, Stats
 from .sampling import Scratch
@@ -240,7 +241,7 @@ class SpeculativeGenerator:
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
                messages: Sequence[dict] | None = None, bitwise: bool = True,
-               response_format=None, logprobs: int | None = None) -> "_Stream":
+               response_format=None, logprobs: int | None = None, tools: Sequence[dict] | None = None) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
 
         The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
@@ -260,6 +261,10 @@ class SpeculativeGenerator:
         ``logprobs`` (0..20) asks for each token's log-probability under the distribution it was drawn from
         (the processed target distribution; when greedy, the softmax of the processed scores) and that many
         most likely alternatives: ``Event.logprobs`` and ``Result.logprobs``, one ``TokenLogprob`` per token.
+
+        ``tools`` (OpenAI's function definitions) go to the chat template with ``messages``; to make the model
+        call one, pass ``response_format=ortspec.tools.call_schema(tools, name)`` and read the answer with
+        ``ortspec.tools.read_calls`` (what the server does for ``tool_choice``).
         """
         logprobs = check_logprobs(logprobs)
         grammar = self._grammar(response_format)
@@ -274,7 +279,7 @@ class SpeculativeGenerator:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-        ids = self.encode_prompt(prompt, input_ids, chat=chat, system=system, messages=messages)
+        ids = self.encode_prompt(prompt, input_ids, chat=chat, system=system, messages=messages, tools=tools)
         need = len(ids) + max_new_tokens - 1
         if need > self.target.capacity:
             raise CacheOverflowError(
@@ -322,8 +327,12 @@ class SpeculativeGenerator:
     # -- helpers --------------------------------------------------------------
     def encode_prompt(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, *,
                       chat: bool = False, system: str | None = None,
-                      messages: Sequence[dict] | None = None) -> list[int]:
+                      messages: Sequence[dict] | None = None, tools: Sequence[dict] | None = None) -> list[int]:
         """The token ids ``stream`` would feed for these prompt arguments (checked the same way)."""
+        if tools is not None:
+            if messages is None:
+                raise ValueError("tools go to the chat template with messages; pass messages=[...]")
+            tools = check_tools(tools)
         if sum(x is not None for x in (prompt, input_ids, messages)) != 1:
             raise ValueError("pass exactly one of prompt (text), messages (a conversation) or input_ids (token ids)")
         if messages is not None:
@@ -331,7 +340,7 @@ class SpeculativeGenerator:
                 raise ValueError("with messages, put the system message first in messages instead of system=")
             if self.codec is None:
                 raise ValueError("this bundle has no tokenizer; pass input_ids instead of messages")
-            ids = self.codec.encode_messages(messages)
+            ids = self.codec.encode_messages(messages, tools)
         elif prompt is not None:
             if not isinstance(prompt, str) or not prompt:
                 raise ValueError("prompt must be a non-empty string")

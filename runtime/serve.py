@@ -22,8 +22,8 @@ from .config import SpeculationConfig
 from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
-from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, failed_error, finish_reason_of, logprobs_field,
-                   parse_request, response_body, sse_event, stream_chunk, usage_of)
+from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, answer, failed_error, finish_reason_of,
+                   logprobs_field, parse_request, response_body, sse_event, stream_chunk, usage_of)
 
 log = logging.getLogger("ortspec.serve")
 
@@ -337,6 +337,7 @@ async def _sse(ticket: Ticket, engine: Engine):
     """Server-sent events in OpenAI's chunk format, ending with [DONE]; an error ends the stream with an
     {"error": ...} event. A client that goes away cancels the generation (the worker stops within a round)."""
     job, sent, before = ticket.job, 0, []
+    held = [] if job.tool_mode is not None else None  # with tools in play the text is read for calls at the end
     try:
         if job.kind == "chat":
             yield sse_event(stream_chunk(job, None, None, first=True))
@@ -346,7 +347,9 @@ async def _sse(ticket: Ticket, engine: Engine):
             except ApiError as exc:
                 yield sse_event(exc.body())
                 break
-            if kind == "text":
+            if kind == "text" and held is not None:
+                held.append(value)
+            elif kind == "text":
                 sent += len(value)
                 yield sse_event(stream_chunk(job, value, None))
             elif kind == "logprobs":
@@ -356,8 +359,18 @@ async def _sse(ticket: Ticket, engine: Engine):
                 yield sse_event(failed_error(value).body())
                 break
             else:
-                yield sse_event(stream_chunk(job, None if job.kind == "chat" else "", finish_reason_of(value),
-                                    extra={"ortspec": value.stats}))
+                finish = finish_reason_of(value)
+                if held is not None:
+                    message, finish = answer(job, "".join(held), finish)
+                    if "tool_calls" in message:
+                        calls = [dict(c, index=k) for k, c in enumerate(message["tool_calls"])]
+                        chunk = stream_chunk(job, None, None)
+                        chunk["choices"][0]["delta"] = {"content": message["content"], "tool_calls": calls}
+                        yield sse_event(chunk)
+                    elif message["content"]:
+                        yield sse_event(stream_chunk(job, message["content"], None))
+                yield sse_event(stream_chunk(job, None if job.kind == "chat" else "", finish,
+                                             extra={"ortspec": value.stats}))
                 if job.include_usage:
                     usage = stream_chunk(job, None, None, extra={"usage": usage_of(value)})
                     usage["choices"] = []

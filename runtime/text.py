@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import BundleError
+from .tools import template_messages
 
 
 class TextCodec:
@@ -29,9 +30,10 @@ class TextCodec:
             return self.tokenizer.encode(self.render_chat(text, system), add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
-    def encode_messages(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of a conversation rendered by the chat template, ready for the assistant's turn."""
-        return self.tokenizer.encode(self.render_messages(messages), add_special_tokens=False).ids
+    def encode_messages(self, messages: Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a conversation rendered by the chat template, ready for the assistant's turn (``tools``:
+        function definitions the template shows the model)."""
+        return self.tokenizer.encode(self.render_messages(messages, tools), add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -41,7 +43,7 @@ class TextCodec:
         return self.render_messages(([{"role": "system", "content": system}] if system else [])
                                     + [{"role": "user", "content": prompt}])
 
-    def render_messages(self, messages: Sequence[dict]) -> str:
+    def render_messages(self, messages: Sequence[dict], tools: list[dict] | None = None) -> str:
         """Apply the chat template with add_generation_prompt, as transformers does."""
         if not self.chat_template:
             raise ValueError("this bundle's tokenizer has no chat template; pass a plain prompt instead "
@@ -50,7 +52,8 @@ class TextCodec:
 
         special = {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         try:
-            return self._template().render(messages=check_messages(messages), add_generation_prompt=True, **special)
+            return self._template().render(messages=template_messages(check_messages(messages)), tools=tools,
+                                           add_generation_prompt=True, **special)
         except jinja2.TemplateError as exc:
             raise ValueError(f"the bundle's chat template failed to render: {exc}") from None
 
@@ -70,14 +73,16 @@ class TextCodec:
         return self._compiled
 
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def check_messages(messages) -> list[dict]:
-    """A conversation as the chat template expects it: [{"role": system|user|assistant, "content": str}, ...].
+    """A conversation as the chat template expects it: [{"role": system|user|assistant|tool, "content": str}, ...].
 
     Content may also be a list of text parts ([{"type": "text", "text": ...}]), which are joined; a
-    "developer" message is a system message. Anything else is refused with a message naming the entry.
+    "developer" message is a system message. An assistant message may carry OpenAI's ``tool_calls`` (its content
+    then may be empty or null), a tool message its ``tool_call_id`` and ``name``. Anything else is refused with a
+    message naming the entry.
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
@@ -89,6 +94,10 @@ def check_messages(messages) -> list[dict]:
         if role not in ROLES:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}")
         content = m.get("content")
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls is not None:
+            _check_calls(calls, i)
+            content = content or ""
         if isinstance(content, list):
             parts = []
             for part in content:
@@ -99,8 +108,23 @@ def check_messages(messages) -> list[dict]:
             content = "".join(parts)
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
-        out.append({"role": role, "content": content})
+        entry = {"role": role, "content": content}
+        if calls:
+            entry["tool_calls"] = calls
+        for key in ("tool_call_id", "name") if role == "tool" else ():
+            if isinstance(m.get(key), str):
+                entry[key] = m[key]
+        out.append(entry)
     return out
+
+
+def _check_calls(calls, i: int) -> None:
+    ok = isinstance(calls, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", "{}"), (str, dict)) for c in calls)
+    if not ok:
+        raise ValueError(f"messages[{i}].tool_calls must be a list of {{\"id\": ..., \"type\": \"function\", "
+                         "\"function\": {\"name\": ..., \"arguments\": ...}}")
 
 
 class StreamDecoder:

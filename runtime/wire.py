@@ -8,6 +8,7 @@ import time
 import uuid
 
 from .config import SpeculationConfig
+from .tools import call_schema, check_choice, check_tools, read_calls
 
 MAX_STOP = 4                 # stop strings per request, as OpenAI allows
 DEFAULT_MAX_BODY = 4 << 20   # bytes
@@ -15,9 +16,7 @@ DRAFTER_NAMES = {"model": "model", "hybrid": "hybrid", "prompt_lookup": "prompt_
                  "prompt-lookup": "prompt_lookup", "none": "none"}
 # Fields a client may send that change output in ways ortspec does not implement: refused, not ignored.
 UNSUPPORTED = {
-    "tools": "tool calls are not supported",
-    "tool_choice": "tool calls are not supported",
-    "functions": "function calls are not supported",
+    "functions": "functions are OpenAI's older form of tools; send tools",
     "function_call": "function calls are not supported",
     "logit_bias": "logit_bias is not supported",
     "suffix": "suffix (insertion) is not supported",
@@ -56,6 +55,8 @@ class Job:
     stream: bool
     include_usage: bool
     model: str = ""
+    tools: list | None = None       # function definitions (chat), checked
+    tool_mode: str | None = None    # None (text), "auto", "required" or the name of the function to call
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -125,7 +126,14 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list of {\"role\": ..., \"content\": ...}", "messages")
         source = {"messages": messages}
+        tools, tool_mode = _tools(body)
+        if tools is not None:
+            source["tools"] = tools
     else:
+        tools = tool_mode = None
+        for name in ("tools", "tool_choice"):
+            if body.get(name) is not None:
+                raise ApiError(400, f"{name} is for /v1/chat/completions", name)
         if "messages" in body:
             raise ApiError(400, "/v1/completions takes prompt, not messages (use /v1/chat/completions)",
                            "messages")
@@ -148,6 +156,11 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         do_sample = None  # silent: the bundle's generation config decides
     options = dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
                    repetition_penalty=penalty, seed=seed, num_draft_tokens=_gamma(body.get("num_draft_tokens")))
+    if tool_mode not in (None, "auto"):  # a call is required: the answer is held to the call's schema
+        if response_format is not None:
+            raise ApiError(400, "response_format cannot be combined with a required tool call (tool_choice)",
+                           "response_format")
+        response_format = call_schema(tools, tool_mode)
     if response_format is not None:
         options["response_format"] = response_format
     logprobs = _logprobs(body, kind)
@@ -173,7 +186,35 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
     if opts is not None and (not isinstance(opts, dict) or not stream):
         raise ApiError(400, "stream_options must be an object, and only with stream: true", "stream_options")
     include_usage = bool(opts and opts.get("include_usage") is True)
-    return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id)
+    return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id, tools, tool_mode)
+
+
+def _tools(body: dict) -> tuple[list | None, str | None]:
+    """Checked ``tools`` and what ``tool_choice`` asks of the answer (see tools.check_choice)."""
+    raw, choice = body.get("tools"), body.get("tool_choice")
+    if raw in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "tool_choice needs tools", "tool_choice")
+        return None, None
+    try:
+        tools = check_tools(raw)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "tools") from None
+    try:
+        return tools, check_choice(choice, tools)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), "tool_choice") from None
+
+
+def answer(job: Job, text: str, finish: str) -> tuple[dict, str]:
+    """A chat answer's message and finish reason: with tools in play, the calls read from the text (finish
+    "tool_calls")."""
+    if job.tool_mode is None:
+        return {"role": "assistant", "content": text}, finish
+    content, calls = read_calls(text, job.tools)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
 FORMATS = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}'
@@ -344,11 +385,15 @@ def envelope(job: Job, choice: dict, chunk: bool, **extra) -> dict:
 
 
 def response_body(job: Job, text: str, outcome: Outcome, logprobs: dict | None = None) -> dict:
-    body = {"message": {"role": "assistant", "content": text}} if job.kind == "chat" else {"text": text}
+    finish = finish_reason_of(outcome)
+    if job.kind == "chat":
+        message, finish = answer(job, text, finish)
+        body = {"message": message}
+    else:
+        body = {"text": text}
     if logprobs is not None:
         body["logprobs"] = logprobs
-    return envelope(job, dict(body, finish_reason=finish_reason_of(outcome)), False, usage=usage_of(outcome),
-                     ortspec=outcome.stats)
+    return envelope(job, dict(body, finish_reason=finish), False, usage=usage_of(outcome), ortspec=outcome.stats)
 
 
 def stream_chunk(job: Job, text: str | None, finish: str | None, first: bool = False, extra: dict | None = None,

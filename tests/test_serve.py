@@ -345,7 +345,12 @@ BAD = [
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "top_logprobs": 3}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, None),
     ("/v1/completions", {"model": MODEL, "prompt": "w1", "logprobs": -1}, 400, None),
-    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function"}]}, 400,
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function"}]}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tool_choice": "required"}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+                                                                            "function": {"name": "g"}}}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "functions": [{"name": "f"}]}, 400,
      "unsupported_parameter"),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "presence_penalty": 0.5}, 400,
      "unsupported_parameter"),

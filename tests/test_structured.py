@@ -324,3 +324,56 @@ def test_structured_bench_prints_every_mode(bundle):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("greedy", "sampled"))]
     assert len(rows) == 6 and all(float(r[4] if r[1] == "+" else r[3]) > 0 for r in rows), proc.stdout
+
+
+# -- tool calls --------------------------------------------------------------------------------------------------
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+        "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]
+
+
+def _params(name: str) -> dict:
+    return next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == name)
+
+
+def test_server_tool_calls_round_trip(server):
+    """A required call, a named call (whole and streamed) and a second turn that returns the call's result."""
+    import jsonschema
+    client, model = server
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        r = client.chat.completions.create(model=model, messages=CHAT, tools=TOOLS, tool_choice=choice,
+                                           max_tokens=80, temperature=0)
+        answer = r.choices[0]
+        assert answer.finish_reason == "tool_calls", answer
+        call = answer.message.tool_calls[0]
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), _params(call.function.name))
+    assert call.function.name == "add"
+    chunks = list(client.chat.completions.create(model=model, messages=CHAT, tools=TOOLS, max_tokens=80,
+                                                 temperature=0, tool_choice=choice, stream=True))
+    deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+    assert [(d.function.name, d.function.arguments) for d in deltas] == [("add", call.function.arguments)]
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    follow = CHAT + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    r = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, tool_choice="none", max_tokens=8,
+                                       temperature=0)
+    assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
+    r = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")  # auto: the model's choice
+
+
+def test_calls_are_read_from_an_answer():
+    from ortspec.tools import check_tools, read_calls
+    tools = check_tools(TOOLS)
+    text, calls = read_calls('Sure. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', tools)
+    assert text == "Sure." and json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert read_calls('{"name": "get_weather", "arguments": {"city": "Oslo"}}', tools)[0] is None
+    assert read_calls('{"name": "nope", "arguments": {}}', tools)[1] == []  # not a function offered
+    assert read_calls("just text", tools) == ("just text", [])

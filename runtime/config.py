@@ -19,6 +19,7 @@ class SamplingConfig:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to its logit before the processors
 
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, bool):
@@ -40,6 +41,15 @@ class SamplingConfig:
         if any(len(w) == 0 or min(w) < 0 for w in words):
             raise ValueError("bad_words_ids must be non-empty sequences of token ids >= 0")
         object.__setattr__(self, "bad_words_ids", words)
+        bias = dict(self.logit_bias) if not isinstance(self.logit_bias, dict) else self.logit_bias
+        checked = []
+        for t, b in bias.items():
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or abs(b) > 100:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
+            checked.append((int(t), float(b)))
+        object.__setattr__(self, "logit_bias", tuple(sorted(checked)))
 
 
 # The settings where neither a call nor the bundle's generation config gives one: transformers' defaults
@@ -92,7 +102,7 @@ def draft_sampling(target: SamplingConfig, policy: str = "match", vocab_size: in
         top_k = DRAFT_WIDE_TOP_K  # (a dense q this wide costs more host time than it gains acceptance)
     top_p = target.top_p if policy == "match" else 1.0
     return SamplingConfig(target.do_sample, target.temperature, top_k, top_p, target.repetition_penalty,
-                          target.bad_words_ids)
+                          target.bad_words_ids, target.logit_bias)
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,8 @@ class SpeculativeGenerator:
                num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
                messages: Sequence[dict] | None = None, bitwise: bool = True,
-               response_format=None, logprobs: int | None = None, tools: Sequence[dict] | None = None) -> "_Stream":
+               response_format=None, logprobs: int | None = None, tools: Sequence[dict] | None = None,
+               logit_bias: dict | None = None) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
 
         The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
@@ -262,6 +263,9 @@ class SpeculativeGenerator:
         (the processed target distribution; when greedy, the softmax of the processed scores) and that many
         most likely alternatives: ``Event.logprobs`` and ``Result.logprobs``, one ``TokenLogprob`` per token.
 
+        ``logit_bias`` ({token id: bias in [-100, 100]}) is added to those logits before the other processors (as
+        transformers' sequence bias of one-token sequences); rows are then read whole.
+
         ``tools`` (OpenAI's function definitions) go to the chat template with ``messages``; to make the model
         call one, pass ``response_format=ortspec.tools.call_schema(tools, name)`` and read the answer with
         ``ortspec.tools.read_calls`` (what the server does for ``tool_choice``).
@@ -273,7 +277,10 @@ class SpeculativeGenerator:
         words = tuple(tuple(w) for w in bad_words_ids if not (len(w) == 1 and w[0] in eos))
         sampling = SamplingConfig(**self.sampling_settings(
             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-            repetition_penalty=repetition_penalty), bad_words_ids=words)
+            repetition_penalty=repetition_penalty), bad_words_ids=words, logit_bias=logit_bias or ())
+        if sampling.logit_bias and sampling.logit_bias[-1][0] >= self.vocab_size:
+            raise ValueError(f"logit_bias names token {sampling.logit_bias[-1][0]}, past the vocabulary "
+                             f"[0, {self.vocab_size})")
         speculation = SpeculationConfig(num_draft_tokens, bitwise=bitwise)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

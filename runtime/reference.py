@@ -1,7 +1,8 @@
 """The specification of record: how one row of logits becomes the token chosen or the distribution sampled from.
 
 Plain NumPy over the whole row, no fast path. It follows transformers' ``generate`` in its order and dtypes:
-the logits as float32; repetition penalty (a context token's positive score divided by the penalty, a negative
+the logits as float32; a logit bias (added in float32, as transformers' sequence bias of one-token
+sequences); repetition penalty (a context token's positive score divided by the penalty, a negative
 one multiplied, in float32); bad words (each word's last token to -inf where the context ends with the rest of
 the word, the whole word matched, in a context at least as long as the word; a word that is one end-of-sequence
 id alone is dropped); greedy takes the
@@ -32,6 +33,9 @@ def processed_scores(logits: np.ndarray, context: Sequence[int], config: Samplin
     """The row's scores after the processors (float32): what greedy decoding takes the argmax of."""
     scores = np.array(logits, dtype=np.float32)
     vocab = scores.size
+    for token, bias in config.logit_bias:  # (transformers' SequenceBias of one-token sequences: before the penalty)
+        if token < vocab:
+            scores[token] += np.float32(bias)
     if config.repetition_penalty != 1.0:
         seen = np.unique(np.asarray([t for t in context if 0 <= t < vocab], dtype=np.int64))
         got = scores[seen]

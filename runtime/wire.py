@@ -18,7 +18,6 @@ DRAFTER_NAMES = {"model": "model", "hybrid": "hybrid", "prompt_lookup": "prompt_
 UNSUPPORTED = {
     "functions": "functions are OpenAI's older form of tools; send tools",
     "function_call": "function calls are not supported",
-    "logit_bias": "logit_bias is not supported",
     "suffix": "suffix (insertion) is not supported",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported; ortspec speculates on its own",
@@ -163,6 +162,9 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         response_format = call_schema(tools, tool_mode)
     if response_format is not None:
         options["response_format"] = response_format
+    bias = body.get("logit_bias")
+    if bias is not None:
+        options["logit_bias"] = _logit_bias(bias)
     logprobs = _logprobs(body, kind)
     if logprobs is not None:
         options["logprobs"] = logprobs
@@ -238,6 +240,20 @@ def _response_format(fmt):
         if isinstance(spec, dict) and schema is None:
             return "json"  # a schema object without a schema: any JSON object
     raise ApiError(400, f"response_format must be {FORMATS}, got {json.dumps(fmt)[:120]}", "response_format")
+
+
+def _logit_bias(value) -> dict:
+    """OpenAI's logit_bias, {"token id": bias in [-100, 100]}, as {int: float}."""
+    if not isinstance(value, dict):
+        raise ApiError(400, "logit_bias must be an object mapping token ids to biases in [-100, 100]", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(bias, bool) or \
+                not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise ApiError(400, f"logit_bias entries must be \"token id\": bias in [-100, 100], got {key!r}: {bias!r}",
+                           "logit_bias")
+        out[int(key)] = float(bias)
+    return out
 
 
 def _logprobs(body: dict, kind: str) -> int | None:

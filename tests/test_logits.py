@@ -7,8 +7,8 @@ from ortspec.sampling import LogitsPipeline, top_p_filter
 
 torch = pytest.importorskip("torch")
 from transformers.generation.logits_process import (  # noqa: E402
-    LogitsProcessorList, NoBadWordsLogitsProcessor, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
-    TopKLogitsWarper, TopPLogitsWarper)
+    LogitsProcessorList, NoBadWordsLogitsProcessor, RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor,
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 V = 300
 SETTINGS = [
@@ -20,11 +20,15 @@ SETTINGS = [
     dict(do_sample=True, repetition_penalty=0.7, top_p=0.5),
     dict(do_sample=True, top_p=0.999),  # nucleus larger than the partial-sort window
     dict(do_sample=True, bad_words_ids=((5,), (7, 9)), top_k=40),
+    dict(do_sample=True, logit_bias=((3, 8.5), (7, -2.25), (290, -100.0)), top_k=20),  # 7 also penalized
+    dict(do_sample=True, logit_bias=((11, 100.0), (12, -0.5)), repetition_penalty=1.3, top_p=0.9),
 ]
 
 
 def hf_probs(cfg: SamplingConfig, logits: np.ndarray, context: list[int]) -> np.ndarray:
     procs = LogitsProcessorList()
+    if cfg.logit_bias:
+        procs.append(SequenceBiasLogitsProcessor({(t,): b for t, b in cfg.logit_bias}))
     if cfg.repetition_penalty != 1.0:
         procs.append(RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty))
     if cfg.bad_words_ids:
@@ -191,3 +195,27 @@ def test_a_block_of_fewer_rows_ends_where_new_ends():
     assert pipe.greedy(row, [2, 3], [0])[0] == 1  # 0 was drafted before this row: penalized
     assert pipe.greedy(np.vstack([row, row]), [2, 3], [0]).tolist() == [0, 1]
     assert np.array_equal(pipe.scores(row, [2, 3], [0])[0], pipe.scores(np.vstack([row, row]), [2, 3], [0])[1])
+
+
+def test_logit_bias_greedy_bit_for_bit_as_transformers():
+    """Biased then penalized in float32, as transformers' SequenceBias then RepetitionPenalty."""
+    from ortspec.reference import processed_scores
+    rng = np.random.default_rng(3)
+    cfg = SamplingConfig(repetition_penalty=1.3, logit_bias=((3, 2.5), (7, -1.75), (8, 0.1)))
+    pipe = LogitsPipeline(cfg, V)
+    base, new = [7, 8, 20], [3, 9]
+    rows = (rng.standard_normal((3, V)) * 3).astype(np.float32)
+    ours = pipe.scores(rows, base, new)
+    for i in range(3):
+        procs = LogitsProcessorList([SequenceBiasLogitsProcessor({(t,): b for t, b in cfg.logit_bias}),
+                                     RepetitionPenaltyLogitsProcessor(cfg.repetition_penalty)])
+        theirs = procs(torch.tensor([base + new[:i]]), torch.tensor(rows[i][None]))[0].numpy()
+        assert np.array_equal(ours[i], theirs) and np.array_equal(processed_scores(rows[i], base + new[:i], cfg),
+                                                                  theirs)
+    assert pipe.top_entries() == 0  # a bias may raise any entry: rows are read whole
+
+
+@pytest.mark.parametrize("bias", [{5: True}, {-1: 1.0}, {5: 101}, {5: float("nan")}, {"5": 1.0}])
+def test_bad_logit_bias_is_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingConfig(logit_bias=bias)

@@ -28,6 +28,7 @@ SETTINGS = [
     ("model", 5, dict(top_p=0.8, temperature=1.2)),
     ("model", 3, dict(repetition_penalty=1.5, top_k=8)),
     ("model", "auto", dict(temperature=0.9, top_k=10)),
+    ("model", 3, dict(temperature=1.1, logit_bias={3: 1.5, 5: -2.0, 9: 0.75})),  # rows read whole
 ]
 
 

@@ -206,6 +206,17 @@ def test_logprobs_are_the_python_apis(server, api):
     assert lp.text_offset[0] == 0 and "".join(lp.tokens) == legacy.choices[0].text
 
 
+def test_logit_bias_is_the_python_apis(server, api):
+    """A bias of -100 on the token greedy decoding would choose first moves the answer as the Python API's."""
+    plain = api.generate(messages=CHAT, max_new_tokens=8, do_sample=False, eos_token_id=[])
+    first = plain.token_ids[0]
+    want = api.generate(messages=CHAT, max_new_tokens=8, do_sample=False, eos_token_id=[], logit_bias={first: -100})
+    assert want.token_ids[0] != first
+    r = client(server).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0,
+                                               logit_bias={str(first): -100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].message.content == want.text
+
+
 def test_sampling_with_seed_is_the_python_apis(server, api):
     want = api.generate(messages=CHAT, max_new_tokens=20, do_sample=True, temperature=0.9, top_p=0.95, seed=7,
                         eos_token_id=[])
@@ -345,6 +356,9 @@ BAD = [
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "top_logprobs": 3}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400, None),
     ("/v1/completions", {"model": MODEL, "prompt": "w1", "logprobs": -1}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logit_bias": {"5": 300}}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logit_bias": {"x": 1}}, 400, None),
+    ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "logit_bias": {"99999": 1}}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tools": [{"type": "function"}]}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tool_choice": "required"}, 400, None),
     ("/v1/chat/completions", {"model": MODEL, "messages": CHAT, "tools": [

@@ -57,7 +57,11 @@ class LogitsPipeline:
         self._seen_order: list[int] = []  # the same ids in the order first seen (the array is made when asked for)
         self._seen_array = np.zeros(0, dtype=np.int64)
         self._theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
-        self.processes = config.repetition_penalty != 1.0 or bool(config.bad_words_ids)  # processors change scores
+        bias = [(t, b) for t, b in config.logit_bias if t < self.vocab_size]
+        self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
+        self._bias_values = np.array([b for _, b in bias], dtype=np.float32)
+        self.processes = config.repetition_penalty != 1.0 or bool(config.bad_words_ids) or bool(bias)
+        self.whole_rows = bool(bias)  # a bias may raise any entry: rows are read whole
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
@@ -74,6 +78,8 @@ class LogitsPipeline:
 
     def greedy(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
         """Greedy choice per row: argmax of processed scores, lowest index on ties."""
+        if isinstance(logits, Rows) and self.whole_rows:
+            logits = logits.numpy()
         if isinstance(logits, Rows):  # rows a pass returns with their largest entries
             skip = max(0, len(new) - len(logits) + 1)  # (the last row reads all of new)
             return np.array([self._device_greedy(logits[i], base, new[:skip + i]) for i in range(len(logits))])
@@ -124,7 +130,16 @@ class LogitsPipeline:
         if not self.processes:
             return _NO_IDS, _NO_SCORES
         seen = self._seen_tokens(base, new) if self.config.repetition_penalty != 1.0 else np.zeros(0, np.int64)
-        values = self._penalize(row[seen])
+        if self._bias_ids.size:  # the bias first (as transformers' SequenceBias), then the penalty where it reads
+            ids = np.union1d(seen, self._bias_ids)
+            values = row[ids].astype(row.dtype)
+            values[np.searchsorted(ids, self._bias_ids)] += self._bias_values.astype(row.dtype)
+            if seen.size:
+                at = np.isin(ids, seen)
+                values[at] = self._penalize(values[at])
+            seen = ids
+        else:
+            values = self._penalize(row[seen])
         if not self.config.bad_words_ids:
             return seen, values
         banned = self._banned_now(base, new)
@@ -181,7 +196,7 @@ class LogitsPipeline:
         for its top-k (or greedy) choice with the margin; 0 when it needs whole rows (no top-k, top-k beyond
         LEAN_MAX, or a penalty below 1, which can raise entries from anywhere)."""
         cfg = self.config
-        if cfg.repetition_penalty < 1.0:
+        if cfg.repetition_penalty < 1.0 or self.whole_rows:
             return 0
         if not cfg.do_sample:
             return 1 + self.TOP_MARGIN
@@ -202,7 +217,7 @@ class LogitsPipeline:
         without top-p), without a repetition penalty or, from LAZY_PENALTY_VOCAB entries, with one above 1."""
         cfg = self.config
         theta = cfg.repetition_penalty
-        return cfg.do_sample and not (cfg.top_k and cfg.top_k < self.vocab_size) and \
+        return cfg.do_sample and not self.whole_rows and not (cfg.top_k and cfg.top_k < self.vocab_size) and \
             (theta == 1.0 or (theta > 1.0 and self.vocab_size >= self.LAZY_PENALTY_VOCAB))
 
     def norm_scale(self) -> float:
@@ -300,6 +315,8 @@ class LogitsPipeline:
         (penalty, banned words) write into ``logits`` instead of a copy: for rows used once."""
         cfg = self.config
         head = None  # (rows LazyRow may verify: the ids a draw takes first, from the raw row: Dist.head_ids)
+        if isinstance(logits, Row) and self.whole_rows:
+            logits, inplace = logits.numpy(), inplace and logits.on_host
         if isinstance(logits, Row):  # a row a pass returned with its largest entries
             if cfg.top_k and cfg.top_k < self.vocab_size:
                 found = self._device_top(logits, cfg.top_k, base, new)

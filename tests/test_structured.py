@@ -377,3 +377,15 @@ def test_calls_are_read_from_an_answer():
     assert read_calls('{"name": "get_weather", "arguments": {"city": "Oslo"}}', tools)[0] is None
     assert read_calls('{"name": "nope", "arguments": {}}', tools)[1] == []  # not a function offered
     assert read_calls("just text", tools) == ("just text", [])
+
+
+def test_grammar_engines_compare_on_the_bundles_tokenizer(bundle):
+    """tools/grammar_engines.py: each engine installed compiles every schema and allows every token of a valid
+    answer."""
+    from pathlib import Path
+    tool = Path(__file__).resolve().parents[1] / "tools" / "grammar_engines.py"
+    proc = subprocess.run([sys.executable, str(tool), str(bundle)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[-1:] in (["True"], ["False"])]
+    engines = {r[0] for r in rows}
+    assert "llguidance" in engines and all(r[-1] == "True" and float(r[3]) >= 0 for r in rows), proc.stdout

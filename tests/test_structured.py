@@ -389,3 +389,24 @@ def test_grammar_engines_compare_on_the_bundles_tokenizer(bundle):
     rows = [line.split() for line in proc.stdout.splitlines() if line.split()[-1:] in (["True"], ["False"])]
     engines = {r[0] for r in rows}
     assert "llguidance" in engines and all(r[-1] == "True" and float(r[3]) >= 0 for r in rows), proc.stdout
+
+
+def test_a_gguf_style_tokenizer_is_read_as_byte_level(bundle):
+    """GGUF conversions write a byte-level BPE with a decoder sequence (ByteFallback, Fuse, Replace, ByteLevel)
+    and byte_fallback set: the grammar engine must still read "Ġ" as a space and "Ċ" as a newline, masking and
+    consuming alike, or text the format does not allow gets through."""
+    g = SpeculativeGenerator.load(bundle, drafter="none", threads=1)
+    spec = json.loads(g.codec.tokenizer.to_str())
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    spec["model"]["byte_fallback"] = True
+    vocab = Vocabulary(json.dumps(spec), g.vocab_size)
+    text = "ab cd\nab"
+    ids = g.codec.encode(text)
+    constraint = Constraint(grammar_for({"regex": r"ab cd\nab"}), vocab, frozenset({2}), len(PROMPT))
+    for i, t in enumerate(ids):
+        allowed = constraint.allowed(PROMPT, ids[:i])
+        assert allowed is not None and allowed[t], (i, g.codec.decode([t]))
+    assert constraint.complete(PROMPT + ids)

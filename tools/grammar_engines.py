@@ -46,8 +46,9 @@ class Llguidance:
 
     def __init__(self, tok, eos: int):
         import llguidance
+        from ortspec.constrain import engine_view  # (the tokenizer as ortspec hands it to llguidance)
         self.llg, self.size = llguidance, tok.get_vocab_size()
-        self.tokenizer = llguidance.LLTokenizer(tok.to_str(), n_vocab=self.size, eos_token=eos)
+        self.tokenizer = llguidance.LLTokenizer(engine_view(tok.to_str()), n_vocab=self.size, eos_token=eos)
 
     def compile(self, schema: dict):
         grammar = self.llg.LLMatcher.grammar_from_json_schema(

@@ -166,12 +166,15 @@ class Constraint(TokenMask):
     def allowed(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray | None:
         t0 = time.perf_counter()
         try:
-            return self._allowed(list(base[self.start:]) + list(new))
+            return self._allowed(list(base[self.start:]) + list(new), len(base) - self.start)
         finally:
             self.time_s += time.perf_counter() - t0
 
-    def _allowed(self, tokens: list[int]) -> np.ndarray | None:
+    def _allowed(self, tokens: list[int], committed: int) -> np.ndarray | None:
         if not self._move(tokens):
+            if len(self._consumed) < committed:  # only drafts may leave it: committed tokens come from masked rows
+                raise ConstraintError("the committed text left the constraint (the grammar engine refused a token "
+                                      "its own mask allowed); this is a bug, please report it")
             return None
         mask = self._masks.get(len(tokens))
         if mask is None:

@@ -6,7 +6,6 @@ from typing import Sequence
 import numpy as np
 
 from .pipeline import LogitsPipeline
-from .rows import Row, Rows
 
 
 class TokenMask:
@@ -27,13 +26,7 @@ class MaskedPipeline(LogitsPipeline):
     def __init__(self, pipe: LogitsPipeline, mask: TokenMask):
         super().__init__(pipe.config, pipe.vocab_size, pipe.scratch)
         self.mask = mask
-        self.processes = True
-
-    def top_entries(self) -> int:
-        return 0
-
-    def _lazy_rows(self) -> bool:
-        return False
+        self.processes = self.whole_rows = True
 
     def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         ids, values = super()._changes(row, base, new)
@@ -45,13 +38,3 @@ class MaskedPipeline(LogitsPipeline):
             ids, values = ids[keep], values[keep]
         banned = np.flatnonzero(~allowed[:self.vocab_size])
         return np.concatenate([ids, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
-
-    def greedy(self, logits, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
-        if isinstance(logits, Rows):
-            logits = logits.numpy()
-        return super().greedy(logits, base, new)
-
-    def row(self, logits, base: Sequence[int], new: Sequence[int] = (), inplace: bool = False):
-        if isinstance(logits, Row):
-            logits, inplace = logits.numpy(), inplace and logits.on_host
-        return super().row(logits, base, new, inplace)

@@ -61,7 +61,8 @@ class LogitsPipeline:
         self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
         self._bias_values = np.array([b for _, b in bias], dtype=np.float32)
         self.processes = config.repetition_penalty != 1.0 or bool(config.bad_words_ids) or bool(bias)
-        self.whole_rows = bool(bias)  # a bias may raise any entry: rows are read whole
+        # rows read whole, not through their largest entries: a bias (or a constraint's mask) may move any entry
+        self.whole_rows = bool(bias)
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 from .errors import OrtspecError
 from .sampling.masked import TokenMask
 
-KINDS = ("json_schema", "regex", "grammar")
+KINDS = ("json_schema", "regex", "grammar", "lark")
 ANY_OBJECT = {"type": "object"}  # OpenAI's "json_object": any JSON object
 
 
@@ -30,8 +30,8 @@ def _llguidance():
 
 def grammar_for(response_format) -> str:
     """The llguidance grammar of a response format: a JSON schema (a dict), ``{"json_schema": schema}``,
-    ``{"regex": pattern}``, ``{"grammar": text}`` (Lark, or GBNF as llama.cpp writes it), or ``"json"`` (any
-    JSON object). Checked here, before any model work."""
+    ``{"regex": pattern}``, ``{"grammar": text}`` (Lark, or GBNF as llama.cpp writes it: told by "::="),
+    ``{"lark": text}`` (Lark only), or ``"json"`` (any JSON object). Checked here, before any model work."""
     llg = _llguidance()
     if isinstance(response_format, str) and response_format == "json":
         kind, value = "json_schema", ANY_OBJECT
@@ -53,6 +53,8 @@ def grammar_for(response_format) -> str:
         raise ConstraintError(f"{kind} must be a non-empty string, got {value!r:.80}")
     elif kind == "regex":
         grammar = llg.LLMatcher.grammar_from_regex(value)
+    elif kind == "lark":
+        grammar = llg.LLMatcher.grammar_from_lark(value)
     else:
         from llguidance.gbnf_to_lark import gbnf_to_lark
         try:

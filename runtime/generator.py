@@ -267,7 +267,8 @@ class SpeculativeGenerator:
         transformers' sequence bias of one-token sequences); rows are then read whole.
 
         ``tools`` (OpenAI's function definitions) go to the chat template with ``messages``; to make the model
-        call one, pass ``response_format=ortspec.tools.call_schema(tools, name)`` and read the answer with
+        call one, pass ``response_format=ortspec.tools.call_schema(tools, name)``; to hold its choice of an
+        answer or calls, ``ortspec.tools.calls_or_answer(tools)``; read the answer with
         ``ortspec.tools.read_calls`` (what the server does for ``tool_choice``).
         """
         logprobs = check_logprobs(logprobs)

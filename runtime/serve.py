@@ -22,6 +22,7 @@ from .config import SpeculationConfig
 from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
+from .tools import calls_or_answer, uses_call_tags
 from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, answer, failed_error, finish_reason_of,
                    logprobs_field, parse_request, response_body, sse_event, stream_chunk, usage_of)
 
@@ -74,6 +75,8 @@ class Engine:
         opts = dict(job.options)
         if opts["num_draft_tokens"] is None:
             opts["num_draft_tokens"] = self.default_gamma
+        if job.tool_mode == "auto" and gen.codec is not None and uses_call_tags(gen.codec.chat_template):
+            opts["response_format"] = calls_or_answer(job.tools, opts.get("response_format"))  # calls held too
         if gen.codec is None and "input_ids" not in job.source:
             raise ApiError(400, "this model has no tokenizer: send prompt as a list of token ids to /v1/completions",
                            "prompt")

@@ -62,6 +62,30 @@ def call_schema(tools: list[dict], name: str) -> dict:
     return dict(schema, **{"x-guidance": {"whitespace_flexible": False}})
 
 
+def uses_call_tags(chat_template: str | None) -> bool:
+    """Whether a chat template asks for calls in ``<tool_call>`` tags (Hermes, Qwen2.5 and their kin)."""
+    return bool(chat_template) and "<tool_call>" in chat_template
+
+
+def calls_or_answer(tools: list[dict], answer: dict | str | None = None) -> dict:
+    """The response format of ``tool_choice: "auto"`` on a template that writes calls in ``<tool_call>`` tags:
+    an answer — free text, or given ``answer`` a JSON value of that schema (``"json"``: any object) — or one or more calls, each
+    ``<tool_call>\\n{call}\\n</tool_call>`` held to ``call_schema(tools, "required")`` (free text may come
+    before the first). A text answer cannot hold the tag: once it is written, a call follows."""
+    if answer is None:
+        # TEXT: anything without the tag; LEAD: anything up to and including the first tag
+        rules = ["start: TEXT? | LEAD calls",
+                 r"TEXT: /(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/",
+                 r"LEAD: /(.|\n)*<tool_call>/ & ~/(.|\n)*<tool_call>(.|\n)+/"]
+    else:
+        answer = {"type": "object"} if answer == "json" else answer
+        rules = [f"start: %json {json.dumps(answer)} | \"<tool_call>\" calls"]
+    rules += ['calls: NL body NL "</tool_call>" (NL "<tool_call>" NL body NL "</tool_call>")*',
+              f"body: %json {json.dumps(call_schema(tools, 'required'))}",
+              r'NL: "\n"']
+    return {"lark": "\n".join(rules) + "\n"}
+
+
 def read_calls(text: str, tools: list[dict]) -> tuple[str | None, list[dict]]:
     """The calls an answer makes — ``<tool_call>{...}</tool_call>`` blocks, or an answer that is one call as JSON —
     in OpenAI's shape, and the text outside them (None when there is none)."""

@@ -33,6 +33,15 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "n"], "additionalProperties": False}
 
 
+# a chat template in the Hermes / Qwen2.5 manner: tools shown to the model, calls written in <tool_call> tags
+TOOL_TEMPLATE = (  # (without tools, tiny.CHAT_TEMPLATE's prompts)
+    "{% if tools %}<s> tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}answer, or call one in "
+    "<tool_call></tool_call> tags</s> {% endif %}{% for m in messages %}<s> "
+    "{{ {'system': 'w0', 'user': 'w1', 'assistant': 'w2', 'tool': 'w3'}[m['role']] }} {{ m['content'] or '' }}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>\n{{ c['function'] | tojson }}\n</tool_call>{% endfor %} "
+    "</s> {% endfor %}{% if add_generation_prompt %}<s> w2 {% endif %}")
+
+
 def save_bpe_tokenizer(out) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -42,9 +51,8 @@ def save_bpe_tokenizer(out) -> None:
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
-    from tiny import CHAT_TEMPLATE
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = TOOL_TEMPLATE
     fast.save_pretrained(str(out))
 
 
@@ -368,6 +376,65 @@ def test_server_tool_calls_round_trip(server):
     assert r.choices[0].message.tool_calls is None and isinstance(r.choices[0].message.content, str)
     r = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, max_tokens=8, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")  # auto: the model's choice
+
+
+CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
+CALL2 = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("answer, texts, refused", [
+    (None, ["ab cd, the fox.\n\nok", "", CALL, CALL + "\n" + CALL2, "Let me add.\n" + CALL],
+     ["ab <tool_call> cd", '<tool_call>\n{"name":"nope","arguments":{}}\n</tool_call>',
+      '<tool_call>\n{"name":"add","arguments":{"a":1}}\n</tool_call>', CALL + " and more"]),
+    ("json", ['{"a": [1, 2]}', CALL, CALL + "\n" + CALL2], ["ab cd", "ok " + CALL]),
+])
+def test_auto_tool_choice_holds_an_answer_or_calls(gen, answer, texts, refused):
+    """``tool_choice: "auto"`` on a template with <tool_call> tags: a text answer (without the tag), or calls
+    each held to a function's schema; with a JSON answer format, that JSON or calls. Every token of an allowed
+    text passes its mask and the text may end there; a refused one is masked out at some token or cannot end."""
+    from ortspec.tools import calls_or_answer, check_tools, uses_call_tags
+    assert uses_call_tags(gen.codec.chat_template)
+    grammar = grammar_for(calls_or_answer(check_tools(TOOLS), answer))
+    vocab = Vocabulary(gen.codec.tokenizer.to_str(), gen.vocab_size)
+
+    def held(text: str) -> bool:
+        constraint, ids = Constraint(grammar, vocab, frozenset({2}), len(PROMPT)), gen.codec.encode(text)
+        for i, t in enumerate(ids):
+            allowed = constraint.allowed(PROMPT, ids[:i])
+            if allowed is None or not allowed[t]:
+                return False
+        return constraint.complete(PROMPT + ids)
+    assert [held(t) for t in texts] == [True] * len(texts)
+    assert [held(t) for t in refused] == [False] * len(refused)
+
+
+def test_server_auto_tool_choice_answers_text_or_valid_calls(server, gen):
+    """With tool_choice "auto" the model chooses; whatever it chooses is well formed. A bias towards "<" (and
+    against "{") under a JSON answer format makes it choose a call: the call's keys are forced, its arguments
+    valid. Without the bias, sampled answers are text without the tag, or valid calls."""
+    import jsonschema
+    client, model = server
+    lt, brace = gen.codec.encode("<")[0], gen.codec.encode("{")[0]
+    for stream in (False, True):
+        r = client.chat.completions.create(model=model, messages=CHAT, tools=TOOLS, max_tokens=80, temperature=0,
+                                           response_format={"type": "json_object"}, stream=stream,
+                                           logit_bias={str(lt): 100, str(brace): -100})
+        if stream:
+            chunks = [ch for ch in r if ch.choices]
+            calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            calls, finish = r.choices[0].message.tool_calls, r.choices[0].finish_reason
+        assert finish == "tool_calls" and calls, r
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), _params(call.function.name))
+    for seed in range(4):
+        r = client.chat.completions.create(model=model, messages=CHAT, tools=TOOLS, max_tokens=24, seed=seed,
+                                           temperature=1.0)
+        message = r.choices[0].message
+        assert "<tool_call>" not in (message.content or ""), message
+        for call in message.tool_calls or []:
+            jsonschema.validate(json.loads(call.function.arguments), _params(call.function.name))
 
 
 def test_calls_are_read_from_an_answer():

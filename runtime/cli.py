@@ -283,6 +283,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("profile", help="where a pass's time goes: operator types, time outside them, the bytes bound, "
+                                       "llama.cpp beside it",
+                       description="Times passes of each size after a context (rolled back after each, as a "
+                                   "rejected draft is) on a plain session, and splits them with onnxruntime's "
+                                   "profiler on a second session: time per operator type, run time outside the "
+                                   "operators, host time around the run. Prints the bound the bytes a pass must "
+                                   "read (weights + cached keys and values) put on it at this machine's measured "
+                                   "memory bandwidth and, given llama.cpp's binaries, llama-bench's time for "
+                                   "passes of the same sizes on the same GGUF file (the bundle's source when it "
+                                   "was exported from one). Target-only decoding runs 2-position passes (bitwise); "
+                                   "a round of gamma drafts verifies gamma+1 positions.",
+                       epilog="example: ortspec profile models/qwen2.5-coder-int4 --llama-cpp ~/.cache/llama-cpp/bin")
+    p.add_argument("bundle")
+    p.add_argument("--models", default="target,draft", help="which models (default target,draft)")
+    p.add_argument("--positions", default="1,2,5", help="pass sizes for the target (default 1,2,5); the draft "
+                                                        "runs 1-position passes")
+    p.add_argument("--context", type=int, default=200, help="cached tokens before each pass (default 200)")
+    p.add_argument("--repeat", type=int, default=10, help="passes of each size measured (median; default 10)")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: one per core)")
+    p.add_argument("--llama-cpp", metavar="DIR", help="directory of llama.cpp's binaries (llama-bench)")
+    p.add_argument("--gguf", help="with --llama-cpp: the GGUF file to time (default: the target's source file)")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+
     p = sub.add_parser("inspect", help="show a bundle's models, graph I/O, compatibility and checksums")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true")
@@ -298,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from . import commands
     handler = {"export": commands.cmd_export, "generate": commands.cmd_generate, "inspect": commands.cmd_inspect,
+               "profile": commands.cmd_profile,
                "bench": commands.cmd_bench, "verify": commands.cmd_verify, "serve": commands.cmd_serve,
                "quality": commands.cmd_quality}[args.command]
     if not args.debug:

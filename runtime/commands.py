@@ -282,6 +282,48 @@ def cmd_verify(args) -> int:
     return {"pass": 0, "fail": 1, "inconclusive": 2}[report["verdict"]]
 
 
+def cmd_profile(args) -> int:
+    import os
+    from .bundle import load_bundle
+    from .profile import llama_bench, memory_bandwidth, pass_bytes, profile_model, report
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or any(m not in ("target", "draft") for m in models):
+        raise SystemExit("--models takes target, draft or both (comma-separated)")
+    try:
+        sizes = sorted({int(x) for x in args.positions.split(",")})
+    except ValueError:
+        raise SystemExit(f"--positions must be comma-separated pass sizes, got {args.positions!r}") from None
+    bundle = load_bundle(args.bundle, verify="size")
+    if "draft" in models and bundle.draft is None:
+        models.remove("draft")
+    gguf = args.gguf or (bundle.target.source.get("ref") if bundle.target.source.get("kind") == "gguf" else None)
+    if args.llama_cpp and not (gguf and os.path.isfile(gguf)):
+        raise SystemExit("--llama-cpp needs the GGUF file to time: pass --gguf FILE (the bundle's target was not "
+                         "exported from a GGUF file on this machine)")
+    say = (lambda m: print(f"[ortspec profile] {m}", file=sys.stderr)) if not args.json else None
+    threads = args.threads or os.cpu_count() or 1
+    profiles = []
+    for which in models:
+        profiles += profile_model(bundle, which, sizes if which == "target" else [1], args.context, args.repeat,
+                                  args.threads, say)
+    bandwidth = memory_bandwidth(threads)
+    read = {m: pass_bytes(bundle.target if m == "target" else bundle.draft, args.context) for m in models}
+    peer = None
+    if args.llama_cpp:
+        if say:
+            say(f"llama-bench on {gguf}")
+        peer = llama_bench(args.llama_cpp, gguf, sizes, args.context, threads)
+    if args.json:
+        print(json.dumps({"bundle": str(args.bundle), "context": args.context, "threads": threads,
+                          "bandwidth_gb_s": round(bandwidth / 1e9, 2), "bytes": read,
+                          "passes": [p.as_dict() for p in profiles],
+                          "llama_cpp_ms": peer and {str(k): round(v, 3) for k, v in peer.items()},
+                          "gguf": gguf if peer else None}, indent=2))
+    else:
+        print(report(profiles, bandwidth, read, peer))
+    return 0
+
+
 def cmd_inspect(args) -> int:
     from .inspect import inspect_bundle, format_report
     report = inspect_bundle(args.bundle, checksums=not args.no_checksums)

@@ -32,7 +32,7 @@ class CausalLM:
 
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
                  threads: int | None = None, trim: str = "auto", thread_pool: str = "session",
-                 logits: str = "auto"):
+                 logits: str = "auto", profile: str | None = None):
         self.spec = spec
         self._subset = [tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None
         self._columns = None  # token id of each logits column (vocab-subset drafts), built on first use
@@ -40,6 +40,8 @@ class CausalLM:
         self.device = "cuda" if provider == "cuda" else "cpu"
         providers = providers_for(provider)
         so = session_options(threads, thread_pool)
+        if profile:  # onnxruntime's profiler, to a file named from this prefix (session.end_profiling())
+            so.enable_profiling, so.profile_file_prefix = True, profile
         try:
             self.session = ort.InferenceSession(model_path, so, providers=providers)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types

@@ -52,6 +52,24 @@ KINDS = ["llama-fp32", "llama-fp16", "llama-int4", "llama-int8w", "qwen2-fp32", 
          "gemma3-fp32"]
 
 
+def test_a_draft_takes_a_block_size_and_a_target_refuses_one(workdir, hf_models):
+    """int4a:128 gives the draft's 4-bit matrices blocks of 128 weights (recorded in the manifest); a target
+    keeps 32, since longer blocks make onnxruntime compute rows in pairs (the row of a lone last position then
+    differs with the pass size: measured on Qwen2.5-Coder-1.5B, and ``ortspec verify`` would catch it)."""
+    import onnx
+    from ortspec.export import export_bundle
+    src = str(hf_models["llama"])
+    with pytest.raises(ValueError, match="a target keeps blocks of 32"):
+        export_bundle(target=src, out=workdir / "bw_b64", target_quant="int4:64", progress=None)
+    assert not (workdir / "bw_b64").exists()
+    b = load_bundle(export_bundle(target=src, draft="self", draft_quant="int4a:128", out=workdir / "bw_d128",
+                                  progress=None))
+    graph = onnx.load(str(b.file(b.draft.path)), load_external_data=False).graph
+    blocks = {a.i for n in graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")
+              for a in n.attribute if a.name == "block_size"}
+    assert blocks == {128} and b.draft.quantization["block_size"] == 128
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_pass_size_gives_the_same_bits(kinds, kind):
     report = invariance_check(target_lm(kinds[kind]), CONTEXT, positions=20, sizes=SIZES)

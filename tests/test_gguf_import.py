@@ -203,7 +203,9 @@ def test_keeping_a_gguf_files_weights_needs_a_gguf_file(tmp_path):
              ({"target": "t.gguf", "draft": "d/", "draft_quant": "gguf"}, "is not a .gguf file"),
              ({"target": "t.gguf", "draft": "self", "draft_quant": "gguf"}, "quantized copy of the target"),
              ({"target": "t.gguf", "draft": "d.gguf", "draft_quant": "gguf", "draft_vocab": 100}, "pick one"),
-             ({"target": "t.gguf", "target_quant": "gguf4"}, "target_quant must be one of")]
+             ({"target": "t.gguf", "target_quant": "gguf4"}, "target_quant: unknown quantization 'gguf4'"),
+             ({"target": "t.gguf", "target_quant": "int4:48"}, "16, 32, 64, 128 or 256"),
+             ({"target": "t.gguf", "draft": "self", "draft_quant": "int8:64"}, "goes with a MatMulNBits method")]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             export_bundle(out=tmp_path / "b", progress=None, **kwargs)

@@ -19,7 +19,8 @@ temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05):
 * llama.cpp, when its binaries are given (`../shared/tools/build-llama-cpp.sh` builds them; not installed by
   ortspec): target-only (`llama-cli`) and speculative with the draft GGUF (`llama-speculative-simple
   --spec-type draft-simple --spec-draft-n-max N`), each timed by llama.cpp's own decode counters (its
-  prompt processing left out: compare with ortspec's "decode" tokens/s).
+  prompt processing left out). With --llama-cpp, every ortspec row is timed the same way: from its first token
+  to its last (decode-only; the prefill and the first token, and any first-request calibration, left out).
 
 Prints tokens/s per runtime, the median per-prompt ratio against ortspec
 target-only, and (greedy) how many runs produced tokens different from ortspec
@@ -163,8 +164,11 @@ def main() -> int:
             for lm in filter(None, (spec.target, getattr(spec.drafter, "lm", None))):
                 lm.reset()  # a new request, as for the peers: no prefix cached by the runner before
             r = gen.generate(input_ids=ids, max_new_tokens=new, **mode, **kw)
+            if decode_only:  # as llama.cpp's counters: the tokens after the first, in the time after it
+                return list(r.token_ids), r.stats.total_time_s - r.stats.first_token_s, len(r.token_ids) - 1
             return list(r.token_ids), r.stats.total_time_s
         return run
+    decode_only = bool(args.llama_cpp)
     runners = {"ortspec target-only": ours(base)}
     if b.draft is not None:
         runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)
@@ -208,7 +212,7 @@ def main() -> int:
             got = runners[n](ids, text, item["prompt"])
             if got:
                 tokens = got[0] if isinstance(got[0], list) else None
-                count = len(tokens) if tokens is not None else got[0]
+                count = got[2] if len(got) > 2 else len(tokens) if tokens is not None else got[0]
                 rows[n].append({"prompt": item["id"], "tokens": count, "seconds": got[1],
                                 "tokens_per_s": count / got[1], "ids": tokens})
         print(f"prompt {k + 1}/{len(prompts)} done", file=sys.stderr, flush=True)

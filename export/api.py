@@ -25,7 +25,7 @@ from .genai import write_genai_config
 from .graph import (DATA_SUFFIX, add_top_outputs, choose_graph, export_model, graph_facts, restrict_vocab,
                     subset_ranges)
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
-from .quantize import quantize, split_method
+from .quantize import check_method, quantize
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 Progress = Callable[[str], None]
@@ -225,10 +225,7 @@ def _check_args(target, draft, draft_quant, target_quant) -> None:
         raise ValueError("draft must be None, 'self', a hub id, a model directory or a .gguf path")
     for name, q in (("draft_quant", draft_quant), ("target_quant", target_quant)):
         if q is not None and q != KEEP:
-            try:
-                split_method(q)
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc} (or {KEEP!r}: a .gguf file's own weights)") from None
+            check_method(name, q, target=name == "target_quant")
     if draft == "self" and draft_quant in (None, KEEP):
         raise ValueError("draft='self' makes the draft a quantized copy of the target: pass draft_quant='int4' or 'int8'")
     if draft is None and draft_quant is not None:
@@ -237,11 +234,6 @@ def _check_args(target, draft, draft_quant, target_quant) -> None:
         if q == KEEP and not str(src).lower().endswith(".gguf"):
             raise ValueError(f"{name}={KEEP!r} keeps a .gguf file's own quantized weights, and {src!r} is not a "
                              ".gguf file")
-    if target_quant not in (None, KEEP) and split_method(target_quant)[1] != 32:
-        raise ValueError(f"target_quant={target_quant!r}: a target keeps blocks of 32 weights. With longer blocks "
-                         "onnxruntime's CPU kernels compute rows in pairs, so a position's logits would depend on "
-                         "the size of its pass and speculative output could differ from target-only output; a "
-                         "block size is for drafts (draft_quant='int4a:128')")
     if target_quant == "int8":
         raise ValueError("target_quant='int8' (dynamic quantization) is refused: it quantizes activations with one "
                          "scale per pass, so a position's logits depend on the other positions in its pass and "

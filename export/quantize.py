@@ -52,6 +52,19 @@ def split_method(method: str) -> tuple[str, int]:
     return name, int(block)
 
 
+def check_method(name: str, method: str, target: bool) -> None:
+    """ValueError unless ``method`` is a quantization ``name`` (draft_quant / target_quant) may take."""
+    try:
+        block = split_method(method)[1]
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc} (or 'gguf': a .gguf file's own weights)") from None
+    if target and block != NBITS["block_size"]:
+        raise ValueError(f"{name}={method!r}: a target keeps blocks of 32 weights. With longer blocks onnxruntime's "
+                         "CPU kernels compute rows in pairs, so a position's logits would depend on the size of its "
+                         "pass and speculative output could differ from target-only output; a block size is for "
+                         "drafts (draft_quant='int4a:128')")
+
+
 def quantize(src: Path, dst_dir: Path, method: str) -> dict:
     """Quantize src (model.onnx + data) into dst_dir; returns the manifest entry."""
     try:

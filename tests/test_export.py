@@ -171,7 +171,7 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
 
 
 def test_shipped_recipes_name_methods_export_accepts():
-    from ortspec.export.quantize import METHODS
+    from ortspec.export.quantize import METHODS, split_method
     from ortspec.export.recipes import load_recipe, recipe_names
     names = recipe_names()
     assert {"smollm2-135m", "qwen2.5-coder"} <= set(names)
@@ -179,9 +179,11 @@ def test_shipped_recipes_name_methods_export_accepts():
         recipe = load_recipe(name)
         target_quant, draft_quant = recipe["target"].get("quant"), (recipe.get("draft") or {}).get("quant")
         assert target_quant in (None, "gguf") or (target_quant in METHODS and target_quant != "int8"), name
-        assert draft_quant in (None, "gguf") or draft_quant in METHODS, name
+        assert draft_quant in (None, "gguf") or split_method(draft_quant)[0] in METHODS, name
     # the fp32 Qwen pair drafts with per-column int8 weights (fast prompt reads; README, "Draft quantization")
     assert load_recipe("qwen2.5-coder")["draft"]["quant"] == "int8"
+    # the INT4 target's draft: 4-bit blocks of 128 with zero points (half int8's step; Results, "A cheaper draft")
+    assert split_method(load_recipe("qwen2.5-coder-int4")["draft"]["quant"]) == ("int4a", 128)
 
 
 def test_draft_from_other_model_keeps_its_tokenizer(pair_bundle):

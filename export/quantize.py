@@ -11,12 +11,12 @@
 - ``int4a-h8``: ``int4a`` with the output layer in 8-bit blocks: a small model's output layer is a large
   share of its weights and the one that decides which token comes first.
 - ``int8w``: ``MatMulNBits`` 8-bit weights (same blocks): weight-only, activations stay float.
+  On SmolLM2-135M it keeps ~95% of greedy drafts where int4 keeps ~75%, at a
+  similar step cost on the fused graph, so it is usually the better draft.
 - ``METHOD:B`` (``int4:64``, ``int4a:128``, ...): a ``MatMulNBits`` method with blocks of B weights (16-256, a
   power of two) instead of 32. Fewer scales to read, and onnxruntime's int8-input kernel runs faster on longer
   blocks (Qwen2.5-Coder-1.5B one-position pass on a 2-core AMD EPYC: 37.2 ms at 32, 28.1 at 64, 23.5 at 128),
-  at some cost in fidelity (docs/results.md, "Block size").
-  On SmolLM2-135M it keeps ~95% of greedy drafts where int4 keeps ~75%, at a
-  similar step cost on the fused graph, so it is usually the better draft.
+  at some cost in fidelity; drafts only (docs/results.md, "Block size").
 
 All quantize the token embedding (4-bit methods) and the lm_head, which optimum exports as a
 Transpose of the (tied) embedding: the transpose is folded into its own

@@ -111,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "blocks of B weights as int4:64 (faster, less faithful); gguf: a .gguf draft keeps "
                         "its file's own quantized weights even with --dtype fp32 (which then applies to the "
                         "target only)")
-    p.add_argument("--target-quant", metavar="{int4,int4a,int4a-h8,int8w,gguf}[:B]",
+    p.add_argument("--target-quant", metavar="{int4,int4a,int4a-h8,int8w,gguf}",
                    help="quantize the target weights: int4 or int8w (both row-local, so output stays bitwise "
-                        "exact; int4:64 for blocks of 64 weights); int8 (dynamic, one activation scale per pass) is refused for targets; gguf: a "
+                        "exact; a target keeps blocks of 32); int8 (dynamic, one activation scale per pass) is "
+                        "refused for targets; gguf: a "
                         ".gguf target keeps its file's own quantized weights even with --dtype fp32")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="cheaper draft: its output layer computes only token ids 0..N-1 and the special tokens "

@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 
-CONTEXT_IDS = 1000  # token ids used for the context: (1000 + 7 i) mod min(vocab, 30000), as tools/step_cost.py
 
 
 @dataclass
@@ -47,9 +46,10 @@ class PassProfile:
                 "ops_ms": {k: round(v, 3) for k, v in sorted(self.ops_ms.items(), key=lambda kv: -kv[1])}}
 
 
-def _ids(vocab: int, n: int) -> list[int]:
+def context_ids(vocab: int, n: int) -> list[int]:
+    """``n`` token ids a timed pass reads after: (1000 + 7 i) mod min(vocab, 30000), ids every model has."""
     span = min(vocab, 30000)
-    return [(CONTEXT_IDS + 7 * i) % span for i in range(n)]
+    return [(1000 + 7 * i) % span for i in range(n)]
 
 
 def profile_model(bundle, which: str, sizes: list[int], context: int = 200, repeat: int = 10,
@@ -70,7 +70,7 @@ def profile_model(bundle, which: str, sizes: list[int], context: int = 200, repe
     with tempfile.TemporaryDirectory(prefix="ortspec-profile-") as tmp:
         plain = CausalLM(spec, path, threads=threads)
         traced = CausalLM(spec, path, threads=threads, profile=os.path.join(tmp, which))
-        ids = _ids(spec.vocab_size, context + max(sizes))
+        ids = context_ids(spec.vocab_size, context + max(sizes))
         for lm in (plain, traced):
             lm.prefill(ids[:context])
         walls: dict[int, list[float]] = {n: [] for n in sizes}

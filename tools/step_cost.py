@@ -33,6 +33,7 @@ def main() -> int:
 
     from ortspec.bundle import load_bundle
     from ortspec.engine import CausalLM
+    from ortspec.profile import context_ids
     lms = {}
     for root in args.bundles:
         b = load_bundle(root, verify="size")
@@ -40,8 +41,7 @@ def main() -> int:
         if spec is None:
             sys.exit(f"{root} has no {args.model} model")
         lms[root] = CausalLM(spec, str(b.file(spec.path)), thread_pool=args.pool)
-    vocab = min(30000, *(lm.spec.vocab_size for lm in lms.values()))  # ids every model has
-    ids = [(1000 + 7 * i) % vocab for i in range(args.context + max(sizes))]
+    ids = context_ids(min(lm.spec.vocab_size for lm in lms.values()), args.context + max(sizes))
     for lm in lms.values():
         lm.prefill(ids[:args.context])
     times = {root: {n: [] for n in sizes} for root in lms}

@@ -225,7 +225,7 @@ def _check_args(target, draft, draft_quant, target_quant) -> None:
         raise ValueError("draft must be None, 'self', a hub id, a model directory or a .gguf path")
     for name, q in (("draft_quant", draft_quant), ("target_quant", target_quant)):
         if q is not None and q != KEEP:
-            check_method(name, q, target=name == "target_quant")
+            check_method(name, q)
     if draft == "self" and draft_quant in (None, KEEP):
         raise ValueError("draft='self' makes the draft a quantized copy of the target: pass draft_quant='int4' or 'int8'")
     if draft is None and draft_quant is not None:

@@ -64,6 +64,15 @@ class ModelSpec:
     # None in graphs without it
     logits_norm: dict | None = None
 
+    @property
+    def row_tile(self) -> int:
+        """Rows onnxruntime's CPU kernels compute together in this graph's passes: 2 where its weights are in
+        4- or 8-bit blocks of 64 or more (MatMulNBits then takes rows in pairs, and a row left alone goes another
+        way), else 32 (a lone row, and with head size 16 the last of 32k + 1, goes another way). Bitwise passes
+        never have ``row_tile * k + 1`` positions (``CausalLM.forward``)."""
+        q = self.quantization or {}
+        return 2 if q.get("op") == "MatMulNBits" and int(q.get("block_size", 32)) >= 64 else 32
+
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
         if not isinstance(d, dict):

@@ -102,19 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG_EXPORT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model: hub id, model directory or .gguf file")
     p.add_argument("--draft", help="draft model (same kinds as --target), or 'self' for a quantized copy of the target")
-    p.add_argument("--draft-quant", metavar="{int8,int4,int4a,int4a-h8,int8w,gguf}[:B]",
+    p.add_argument("--draft-quant", metavar="{int8,int4,int4a,int4s,int4a-h8,int8w,gguf}[:B]",
                    help="quantize the draft: int8 (dynamic: int8 weights per output column, activations per pass; "
                         "reads a prompt 2.4-3.8x faster than int4 at a similar step cost), int4 (MatMulNBits 4-bit, "
                         "block 32, symmetric), "
-                        "int4a (4-bit with a zero point per block), int4a-h8 (int4a with an 8-bit output layer), "
+                        "int4a (4-bit with a zero point per block), int4s (int4a with searched scales: more "
+                        "faithful, slower to export), int4a-h8 (int4a with an 8-bit output layer), "
                         "int8w (MatMulNBits 8-bit weights: most faithful cheap draft); a MatMulNBits method takes "
                         "blocks of B weights as int4:64 (faster, less faithful); gguf: a .gguf draft keeps "
                         "its file's own quantized weights even with --dtype fp32 (which then applies to the "
                         "target only)")
-    p.add_argument("--target-quant", metavar="{int4,int4a,int4a-h8,int8w,gguf}",
-                   help="quantize the target weights: int4 or int8w (both row-local, so output stays bitwise "
-                        "exact; a target keeps blocks of 32); int8 (dynamic, one activation scale per pass) is "
-                        "refused for targets; gguf: a "
+    p.add_argument("--target-quant", metavar="{int4,int4a,int4s,int4a-h8,int8w,gguf}[:B]",
+                   help="quantize the target weights: int4, int4a, int4s or int8w (all row-local, so output "
+                        "stays bitwise exact), blocks of 32 or as int4s:64 (faster; its bitwise passes have an even "
+                        "number of positions); int8 (dynamic, one activation scale per pass) is refused for "
+                        "targets; gguf: a "
                         ".gguf target keeps its file's own quantized weights even with --dtype fp32")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="cheaper draft: its output layer computes only token ids 0..N-1 and the special tokens "

@@ -109,9 +109,9 @@ def draft_sampling(target: SamplingConfig, policy: str = "match", vocab_size: in
 class SpeculationConfig:
     """How many tokens to draft per round (a fixed count or "auto"), and whether target passes are bitwise.
 
-    ``bitwise`` (default): no target pass has a single position, so every committed token's logits come
-    from onnxruntime's multi-row kernels, whose per-position results do not depend on what else shares
-    the pass: greedy output is then identical, token for token, whatever the drafter, the draft length or
+    ``bitwise`` (default): no target pass has a single position (nor, for a target in blocks of 64 weights or
+    more, any odd number: ``ModelSpec.row_tile``), so every committed token's logits come from onnxruntime's
+    multi-row kernels, whose per-position results do not depend on what else shares the pass: greedy output is then identical, token for token, whatever the drafter, the draft length or
     the prefix reuse, and identical to target-only decoding. ``False`` lets target-only steps take the
     one-row kernels (a little faster on some targets; output then matches only up to their rounding).
     """

@@ -179,6 +179,7 @@ class MemoLM:
         self._max_rows = max(64, max_bytes // (4 * lm.spec.output_vocab))
         self.horizon: tuple[int, int] | None = None
         self.bitwise = False
+        self.row_tile = lm.row_tile
 
     @property
     def length(self) -> int:

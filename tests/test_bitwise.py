@@ -52,22 +52,37 @@ KINDS = ["llama-fp32", "llama-fp16", "llama-int4", "llama-int8w", "qwen2-fp32", 
          "gemma3-fp32"]
 
 
-def test_a_draft_takes_a_block_size_and_a_target_refuses_one(workdir, hf_models):
-    """int4a:128 gives the draft's 4-bit matrices blocks of 128 weights (recorded in the manifest); a target
-    keeps 32, since longer blocks make onnxruntime compute rows in pairs (the row of a lone last position then
-    differs with the pass size: measured on Qwen2.5-Coder-1.5B, and ``ortspec verify`` would catch it)."""
+def test_a_block_size_is_recorded_and_a_long_block_target_runs_even_passes(workdir, hf_models):
+    """int4a:128 gives the draft's 4-bit matrices blocks of 128 weights (recorded in the manifest). A target in
+    blocks of 64 gets a row tile of 2: onnxruntime computes rows of such matrices in pairs, so the last row of
+    an odd pass takes another path (the negative control, with the tile of 32 that blocks of 32 have, sees
+    it), and bitwise passes of an even size give every position the same bits."""
     import onnx
     from ortspec.export import export_bundle
     src = str(hf_models["llama"])
-    with pytest.raises(ValueError, match="a target keeps blocks of 32"):
-        export_bundle(target=src, out=workdir / "bw_b64", target_quant="int4:64", progress=None)
-    assert not (workdir / "bw_b64").exists()
     b = load_bundle(export_bundle(target=src, draft="self", draft_quant="int4a:128", out=workdir / "bw_d128",
                                   progress=None))
     graph = onnx.load(str(b.file(b.draft.path)), load_external_data=False).graph
     blocks = {a.i for n in graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")
               for a in n.attribute if a.name == "block_size"}
     assert blocks == {128} and b.draft.quantization["block_size"] == 128
+    assert b.draft.row_tile == 2 and b.target.row_tile == 32
+
+    t64 = load_bundle(export_bundle(target=src, target_quant="int4:64", out=workdir / "bw_t64", progress=None))
+    assert t64.target.quantization["block_size"] == 64 and t64.target.row_tile == 2
+    lm = target_lm(t64.root)
+    report = invariance_check(lm, CONTEXT, positions=20, sizes=SIZES)
+    assert report["invariant"], report
+    lm.row_tile = 32  # the rule of blocks of 32: odd passes of 3 or more keep their lone last row
+    report = invariance_check(lm, CONTEXT, positions=20, sizes=[2, 3, 4, 5])
+    assert not report["invariant"]
+    assert report["sizes"][3]["equal_rows"] < 20 and report["sizes"][2]["equal_rows"] == 20
+    lm.row_tile, lm.bitwise, lm.CHUNK = 2, True, 32
+    ids = [int(t) for t in np.random.default_rng(5).integers(3, 120, 151)]
+    whole = lm.prefill(ids)  # an odd feed longer than a pass: one throwaway position makes every pass even
+    lm.CHUNK = 128
+    assert np.array_equal(lm.prefill(ids), whole) and lm.length == 151
+    assert np.array_equal(lm.prefill(ids[:77], keep=3), whole[74:77])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -30,6 +30,17 @@ def test_speedup_and_best_gamma():
     assert best_gamma([0.2] * 8, 0.9, costs, 8) == (0, 1.0)  # nothing pays: target only
 
 
+def test_planning_costs_read_the_size_bitwise_passes_run():
+    """Bitwise decoding runs a pass of row_tile * k + 1 positions with one more: decisions read that size's cost
+    (a single position costs two; with a tile of 2 every odd size costs the next even one)."""
+    from ortspec.control import planning_costs
+    prof = {"target_costs": [1.0, 1.2, 1.3, 1.5, 1.6, 1.8]}
+    assert planning_costs(prof, False) == [1.0, 1.2, 1.3, 1.5, 1.6, 1.8]
+    assert planning_costs(prof, True) == [1.2, 1.2, 1.3, 1.5, 1.6, 1.8]
+    assert planning_costs(prof, True, row_tile=2) == [1.2, 1.2, 1.5, 1.5, 1.8, 1.8]
+    assert planning_costs(None, True, row_tile=2) == []
+
+
 class FakeLM:
     def __init__(self):
         self.run_time_s = 0.0

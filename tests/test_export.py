@@ -132,7 +132,7 @@ def test_manifest_fields_and_checksums(llama_bundle):
     assert not list(llama_bundle.parent.glob(".b_llama.partial-*"))
 
 
-@pytest.mark.parametrize("method", ["int8", "int4", "int4a", "int4a-h8", "int8w"])
+@pytest.mark.parametrize("method", ["int8", "int4", "int4a", "int4s", "int4a-h8", "int8w"])
 def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     out = export_bundle(target=str(hf_models["small_target"]), draft="self", draft_quant=method,
                         out=workdir / f"q_{method}", progress=None)
@@ -170,6 +170,54 @@ def test_quantized_drafts_agree_with_fp32(method, workdir, hf_models):
     assert bundle.draft.size_bytes["model.onnx.data"] < bundle.target.size_bytes["model.onnx.data"]
 
 
+def _weighted_error(w, block, codes, scales, zeros):
+    x = w.reshape(w.shape[0], -1, block)
+    rec = scales[..., None] * (codes.reshape(x.shape).astype(np.float32) - zeros[..., None])
+    return ((np.sqrt((x * x).mean(-1, keepdims=True)) + np.abs(x)) * (rec - x) ** 2).sum(-1)
+
+
+def test_int4s_search_beats_the_range_fit_in_every_block():
+    """search_blocks keeps, per block, the candidate scale with the least weighted error; the range's own scale
+    (int4a's fit) is one of the candidates, so no block gets worse and most get better."""
+    from ortspec.export.quantize import search_blocks
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((64, 256)) * rng.gamma(1.0, 1.0, (64, 1))).astype(np.float32)  # rows of unequal size
+    for block in (32, 64, 128):
+        searched = _weighted_error(w, block, *search_blocks(w, block))
+        fitted = _weighted_error(w, block, *search_blocks(w, block, candidates=1, spread=0.0))
+        assert np.all(searched <= fitted) and searched.sum() < 0.95 * fitted.sum(), block
+        codes, scales, zeros = search_blocks(w, block)
+        assert codes.dtype == zeros.dtype == np.uint8 and codes.max() <= 15 and zeros.max() <= 15
+        assert scales.shape == zeros.shape == (64, 256 // block) and np.all(scales > 0)
+
+
+def test_int4s_graph_holds_the_searched_codes(workdir, hf_models):
+    """The exported int4s:64 graph's 4-bit matrices are search_blocks' codes, scales and zero points of the float
+    graph's weights, packed as MatMulNBits reads them."""
+    import onnx
+    from onnx import numpy_helper
+    from ortspec.export.gguf_weights import BlockWeight
+    from ortspec.export.quantize import search_blocks
+    out = export_bundle(target=str(hf_models["small_target"]), draft="self", draft_quant="int4s:64",
+                        out=workdir / "q_int4s_64", progress=None)
+    assert load_bundle(out).draft.quantization["method"] == "int4s"
+    floats = {t.name: t for t in onnx.load(str(out / "target" / "model.onnx")).graph.initializer}
+    graph = onnx.load(str(out / "draft" / "model.onnx")).graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    checked = 0
+    for node in (n for n in graph.node if n.op_type == "MatMulNBits"):
+        if {a.name: a.i for a in node.attribute}["K"] % 64:
+            continue  # padded blocks keep the quantizer's own codes
+        w = numpy_helper.to_array(floats[node.input[1][:-3]]).T.astype(np.float32)
+        codes, scales, zeros = search_blocks(np.ascontiguousarray(w), 64)
+        packed = BlockWeight(codes, scales, None, 4, 64, "int4s", zeros)
+        assert np.array_equal(inits[node.input[1]].reshape(-1), packed.packed().reshape(-1))
+        assert np.array_equal(inits[node.input[2]].reshape(-1), scales.reshape(-1))
+        assert np.array_equal(inits[node.input[3]].reshape(-1), packed.zero_points().reshape(-1))
+        checked += 1
+    assert checked >= 2
+
+
 def test_shipped_recipes_name_methods_export_accepts():
     from ortspec.export.quantize import METHODS, split_method
     from ortspec.export.recipes import load_recipe, recipe_names
@@ -178,12 +226,14 @@ def test_shipped_recipes_name_methods_export_accepts():
     for name in names:
         recipe = load_recipe(name)
         target_quant, draft_quant = recipe["target"].get("quant"), (recipe.get("draft") or {}).get("quant")
-        assert target_quant in (None, "gguf") or (target_quant in METHODS and target_quant != "int8"), name
+        assert target_quant in (None, "gguf") or split_method(target_quant)[0] in set(METHODS) - {"int8"}, name
         assert draft_quant in (None, "gguf") or split_method(draft_quant)[0] in METHODS, name
     # the fp32 Qwen pair drafts with per-column int8 weights (fast prompt reads; README, "Draft quantization")
     assert load_recipe("qwen2.5-coder")["draft"]["quant"] == "int8"
     # the INT4 target's draft: 4-bit blocks of 128 with zero points (half int8's step; Results, "A cheaper draft")
     assert split_method(load_recipe("qwen2.5-coder-int4")["draft"]["quant"]) == ("int4a", 128)
+    # its target: searched scales in blocks of 64 (more faithful and cheaper than blocks of 32; "Block size")
+    assert split_method(load_recipe("qwen2.5-coder-int4")["target"]["quant"]) == ("int4s", 64)
 
 
 def test_draft_from_other_model_keeps_its_tokenizer(pair_bundle):

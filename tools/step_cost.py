@@ -6,8 +6,10 @@
 
 After a context of --context tokens, each model in turn runs a pass of each size
 (rolled back after every pass, as a rejected draft is), --repeat times; the
-median of each is printed in ms. Passes run as the runtime runs them (bitwise:
-a single token goes with the token before it).
+median of each is printed in ms. Passes have exactly the sizes asked; with
+--bitwise they run as bitwise decoding runs a target's (a pass of row_tile * k + 1
+positions goes with the token before it: one position in blocks of 32, any odd
+number in blocks of 64 or more).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ def main() -> int:
     ap.add_argument("--positions", default="1,5", help="pass sizes (default 1,5)")
     ap.add_argument("--context", type=int, default=200, help="cached tokens before each pass (default 200)")
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--bitwise", action="store_true",
+                    help="run passes as bitwise decoding runs a target's (default: passes of exactly the sizes asked)")
     ap.add_argument("--pool", default="shared", choices=["shared", "session"],
                     help="onnxruntime thread pool: shared (as the ortspec commands run) or one per session")
     args = ap.parse_args()
@@ -41,6 +45,7 @@ def main() -> int:
         if spec is None:
             sys.exit(f"{root} has no {args.model} model")
         lms[root] = CausalLM(spec, str(b.file(spec.path)), thread_pool=args.pool)
+        lms[root].bitwise = args.bitwise
     ids = context_ids(min(lm.spec.vocab_size for lm in lms.values()), args.context + max(sizes))
     for lm in lms.values():
         lm.prefill(ids[:args.context])

@@ -323,12 +323,15 @@ class TimedFixedController(AutoController):
         return self.gamma
 
 
-def planning_costs(profile: dict | None, bitwise: bool) -> list[float]:
-    """A profile's target pass costs C_t(1..) as decisions read them: with bitwise passes a target-only step is
-    a pass of two positions, so C_t(1) is C_t(2)."""
+def planning_costs(profile: dict | None, bitwise: bool, row_tile: int = 32) -> list[float]:
+    """A profile's target pass costs C_t(1..) as decisions read them: with bitwise passes a pass of
+    row_tile * k + 1 positions runs with one more, so C_t(1) is C_t(2) (and with a tile of 2, C_t(3) is C_t(4),
+    and so on)."""
     costs = list((profile or {}).get("target_costs") or [])
-    if bitwise and len(costs) >= 2:
-        costs[0] = costs[1]
+    if bitwise:
+        for size in range(1, len(costs)):  # (size = index + 1; the last size has no larger one to read)
+            if size % row_tile == 1:
+                costs[size - 1] = costs[size]
     return costs
 
 
@@ -347,7 +350,7 @@ def make_controller(speculation: SpeculationConfig, generator, mode: str = "gree
     profile = dict((generator.profile() if auto else memory.stored()) or {})  # auto calibrates once
     if lm is None:
         profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing
-    profile["target_costs"] = planning_costs(profile, speculation.bitwise)
+    profile["target_costs"] = planning_costs(profile, speculation.bitwise, generator.target.row_tile)
     prior = memory.acceptance_prior.get(mode) or stored_acceptance(profile).get(mode)
     profile.update(prior or {})
     timings = memory.timing_prior.get(bool(speculation.bitwise))

@@ -25,9 +25,10 @@ class CausalLM:
     CHUNK = 128
     # onnxruntime's CPU kernels compute a row that is alone in its tile of rows on another path, with
     # other rounding: any one-position pass, and (GroupQueryAttention with head size 16) the last row of
-    # a pass of 32k + 1 positions. Bitwise passes never have ROW_TILE * k + 1 positions (nor the output
+    # a pass of 32k + 1 positions; with weights in blocks of 64 or more (ModelSpec.row_tile: 2) the last
+    # row of every pass of odd size. Bitwise passes never have row_tile * k + 1 positions (nor the output
     # layer as many rows); every other size gives each position the same bits (measured; `ortspec verify`
-    # checks it on the machine at hand).
+    # checks it on the machine at hand). ROW_TILE is the tile of graphs without long blocks.
     ROW_TILE = 32
 
     def __init__(self, spec: ModelSpec, model_path: str, provider: str = "cpu",
@@ -79,6 +80,7 @@ class CausalLM:
         # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
         # shares its pass. The generator sets it per request.
         self.bitwise = False
+        self.row_tile = spec.row_tile
         self.progress = None  # called as progress(done, total) after each pass of a feed longer than one pass
         self._lazy = False    # set by forward_rows: the next feed's kept rows may stay on the device
         self.run_time_s = 0.0
@@ -89,7 +91,7 @@ class CausalLM:
         """Forget everything fed so far (valid length 0)."""
         self.cache.clear()
         self.tokens: list[int] = []
-        self.canonical_length = 0  # leading positions whose K/V all came from passes of >= 2 positions
+        self.canonical_length = 0  # leading positions whose K/V all came from rows on their tile's path
 
     @property
     def static(self) -> bool:
@@ -158,9 +160,9 @@ class CausalLM:
         loops that time passes as rounds run them: no fresh memory per pass).
 
         Long feeds run in passes of at most ``CHUNK`` positions. With ``bitwise`` set, a feed whose pass
-        would have ROW_TILE * k + 1 positions (a single token, typically) re-feeds the cached token before
-        it (its K/V come out bit for bit the same) or, with nothing cached, appends a throwaway position
-        that stays outside the valid length.
+        would have row_tile * k + 1 positions (a single token, typically; with a tile of 2, any odd number)
+        re-feeds the cached token before it (its K/V come out bit for bit the same) or, with nothing cached,
+        appends a throwaway position that stays outside the valid length.
         """
         ids = [int(t) for t in ids]
         n = len(ids)
@@ -171,7 +173,10 @@ class CausalLM:
             raise ValueError(f"keep must be in [1, {n}], got {keep}")
         start = self.length
         lead = pad = 0
-        if self.bitwise and n <= self.CHUNK and n % self.ROW_TILE == 1:
+        tile = self.row_tile
+        # (a long feed of 32k + 1 borrows a position between its passes instead: pass_bounds; with a tile of 2
+        # every pass must be even, so an odd feed of any length gets the extra position)
+        if self.bitwise and n % tile == 1 and (n <= self.CHUNK or tile == 2):
             lead, pad = (1, 0) if start else (0, 1)
         if start + n + pad > self.capacity:
             raise CacheOverflowError(
@@ -228,7 +233,7 @@ class CausalLM:
     def _feed(self, feed: list[int], first: int, rows: int) -> np.ndarray:
         """Run ``feed`` from position ``first`` in passes; logits of its last ``rows`` positions."""
         n = len(feed)
-        tile = self.ROW_TILE if self.bitwise else 0
+        tile = self.row_tile if self.bitwise else 0
         if n <= self.CHUNK:  # one pass (every decoding round)
             kept = min(rows, n)
             if tile and kept % tile == 1:
@@ -256,7 +261,7 @@ class CausalLM:
     def _pass(self, ids: list[int], start: int, keep: int) -> np.ndarray:
         """One graph run over ``ids`` at ``start``; float32 logits of its last ``keep`` positions."""
         logits = self.cache.run(ids, start, keep)
-        if len(ids) >= 2:
+        if len(ids) % self.row_tile != 1:  # (every row of the pass took the path of its tile)
             if start <= self.canonical_length:
                 self.canonical_length = start + len(ids)
         else:

@@ -296,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "read (weights + cached keys and values) put on it at this machine's measured "
                                    "memory bandwidth and, given llama.cpp's binaries, llama-bench's time for "
                                    "passes of the same sizes on the same GGUF file (the bundle's source when it "
-                                   "was exported from one). Target-only decoding runs 2-position passes (bitwise); "
-                                   "a round of gamma drafts verifies gamma+1 positions.",
+                                   "was exported from one). Passes have exactly the sizes given; target-only "
+                                   "decoding runs 2-position passes (bitwise), a round of gamma drafts verifies "
+                                   "gamma+1 positions, and a target in blocks of 64 or more runs an odd size as "
+                                   "the next even one.",
                        epilog="example: ortspec profile models/qwen2.5-coder-int4 --llama-cpp ~/.cache/llama-cpp/bin")
     p.add_argument("bundle")
     p.add_argument("--models", default="target,draft", help="which models (default target,draft)")

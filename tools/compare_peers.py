@@ -149,7 +149,9 @@ def main() -> int:
     from ortspec.bench import load_prompts
     if "genai" in peers:  # its sessions keep their own threads: create them before the shared pool exists
         alone, paired = genai_models(Path(args.bundle), args.threads, args.num_draft_tokens)
-    spec = SpeculativeGenerator.load(args.bundle, threads=args.threads, verify="none",
+    from ortspec.bundle import load_bundle
+    drafter = "model" if load_bundle(args.bundle, verify="none").draft is not None else "none"  # (target-only bundles)
+    spec = SpeculativeGenerator.load(args.bundle, threads=args.threads, verify="none", drafter=drafter,
                                      thread_pool="shared")  # as the ortspec commands do
     base, lookup = spec.sibling("none"), spec.sibling("prompt_lookup")
     b = spec.bundle

@@ -163,12 +163,12 @@ def _search_matmuls(quantized, source: Path, block: int) -> None:
         parts = [search_blocks(rows[i:i + 4096], block) for i in range(0, rows.shape[0], 4096)]
         codes, scales, zeros = (np.concatenate(p) for p in zip(*parts))
         w = BlockWeight(codes, scales, None, 4, block, "int4s", zeros)
-        for suffix, value in (("_Q4", w.packed()), ("_scales", w.scales), ("_zero_points", w.zero_points())):
-            t = inits[node.input[{"_Q4": 1, "_scales": 2, "_zero_points": 3}[suffix]]]
+        for i, suffix, value in ((1, "_Q4", w.packed()), (2, "_scales", w.scales), (3, "_zero_points", w.zero_points())):
+            t = inits[node.input[i]]
             if t.name != name + suffix or value.size != int(np.prod(t.dims)):
                 raise ExportError(f"int4s: the quantizer's {t.name} does not have the layout expected")
-            t.CopyFrom(numpy_helper.from_array(value.reshape(tuple(t.dims)).astype(
-                numpy_helper.to_array(t).dtype, copy=False), t.name))
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+            t.CopyFrom(numpy_helper.from_array(value.reshape(tuple(t.dims)).astype(dtype, copy=False), t.name))
 
 
 def search_blocks(rows, block: int, candidates: int = 9, spread: float = 0.15):

@@ -111,8 +111,8 @@ class SpeculationConfig:
 
     ``bitwise`` (default): no target pass has a single position (nor, for a target in blocks of 64 weights or
     more, any odd number: ``ModelSpec.row_tile``), so every committed token's logits come from onnxruntime's
-    multi-row kernels, whose per-position results do not depend on what else shares the pass: greedy output is then identical, token for token, whatever the drafter, the draft length or
-    the prefix reuse, and identical to target-only decoding. ``False`` lets target-only steps take the
+    multi-row kernels, whose per-position results do not depend on what else shares the pass: greedy output
+    is then identical, token for token, whatever the drafter, the draft length or the prefix reuse, and identical to target-only decoding. ``False`` lets target-only steps take the
     one-row kernels (a little faster on some targets; output then matches only up to their rounding).
     """
 

@@ -173,10 +173,8 @@ class CausalLM:
             raise ValueError(f"keep must be in [1, {n}], got {keep}")
         start = self.length
         lead = pad = 0
-        tile = self.row_tile
-        # (a long feed of 32k + 1 borrows a position between its passes instead: pass_bounds; with a tile of 2
-        # every pass must be even, so an odd feed of any length gets the extra position)
-        if self.bitwise and n % tile == 1 and (n <= self.CHUNK or tile == 2):
+        # (CHUNK is a multiple of the tile, so then no pass of the feed has row_tile * k + 1 positions either)
+        if self.bitwise and n % self.row_tile == 1:
             lead, pad = (1, 0) if start else (0, 1)
         if start + n + pad > self.capacity:
             raise CacheOverflowError(

@@ -19,6 +19,7 @@ from typing import Callable
 from ortspec import __version__
 from ortspec.bundle import (FORMAT_VERSION, MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file,
                             write_manifest)
+from ortspec.config import check_decoding, check_generation
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .genai import write_genai_config
@@ -39,7 +40,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
                   draft_quant: str | None = None, target_quant: str | None = None,
                   overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
                   dtype: str | None = None, genai_config: int | None = None, draft_vocab: int | None = None,
-                  generation: dict | None = None, activations: str = "int8",
+                  generation: dict | None = None, activations: str = "int8", decoding: dict | None = None,
                   progress: Progress | None = _stderr) -> Path:
     """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
 
@@ -55,6 +56,8 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
     generation: sampling settings the model's authors recommend (do_sample, temperature, top_k, top_p,
         repetition_penalty), written into the bundle's generation_config.json as the defaults of generation.
+    decoding: the drafter and draft length a call that leaves them out uses ({"drafter": "hybrid",
+        "num_draft_tokens": "auto"}, say), written into the manifest; without it, "model" and 4.
     draft_quant / target_quant: re-quantize that model ("int4", "int8w", ...; see quantize.METHODS; a
         MatMulNBits method takes a block size as "int4:64"), or "gguf":
         keep that .gguf file's own quantized weights even when ``dtype`` asks for float weights (an fp32 target
@@ -88,13 +91,10 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
                                     or draft_vocab < 1):
         raise ValueError(f"draft_vocab must be None or a positive number of token ids, got {draft_vocab!r}")
-    if generation is not None:
-        from ortspec.config import SamplingConfig
-        unknown = set(generation) - {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
-        if not isinstance(generation, dict) or unknown:
-            raise ValueError(f"generation takes do_sample, temperature, top_k, top_p, repetition_penalty; "
-                             f"got {sorted(unknown) if isinstance(generation, dict) else generation!r}")
-        SamplingConfig(**generation)  # refuse bad values before any work
+    check_generation(generation)  # refuse bad defaults before any work
+    decoding = None if decoding is None else check_decoding(decoding)
+    if (decoding or {}).get("drafter") in ("model", "hybrid") and draft is None:
+        raise ValueError(f"decoding names drafter {decoding['drafter']!r}: pass a draft too")
     if draft_vocab is not None and draft is None:
         raise ValueError("draft_vocab restricts the draft's output layer: pass a draft too")
     if draft_vocab is not None and draft_quant == KEEP:
@@ -120,7 +120,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
             path = tmp / "generation_config.json"
             config = json.loads(path.read_text()) if path.is_file() else {}
             path.write_text(json.dumps(dict(config, **generation), indent=2))
-        write_manifest(tmp, manifest)
+        write_manifest(tmp, dict(manifest, decoding=decoding) if decoding else manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
         if genai_config is not None:
             say("writing onnxruntime-genai configs")

@@ -22,6 +22,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser as a package
     import tomli as tomllib
 
+from ortspec.config import check_decoding, check_generation
 from ortspec.errors import ExportError
 
 RECIPE_DIR = Path(__file__).resolve().parent / "pairs"
@@ -48,6 +49,11 @@ def load_recipe(name: str) -> dict:
         raise ExportError(f"recipe {path} is not valid TOML: {exc}") from None
     if "target" not in recipe:
         raise ExportError(f"recipe {path} has no [target] table")
+    try:  # bad defaults are refused before any download
+        check_generation(recipe.get("generation"))
+        check_decoding(recipe.get("decoding", {}))
+    except ValueError as exc:
+        raise ExportError(f"recipe {path}: {exc}") from None
     return recipe
 
 
@@ -61,7 +67,7 @@ def resolve_recipe(name: str, cache: Path | None = None, progress=None) -> dict:
     draft = "self" if d.get("self") else (obtain(d, cache, say) if d else None)
     return {"target": str(target), "draft": draft if draft is None or draft == "self" else str(draft),
             "draft_quant": d.get("quant"), "target_quant": recipe["target"].get("quant"),
-            "draft_vocab": d.get("vocab"), "generation": recipe.get("generation"),
+            "draft_vocab": d.get("vocab"), "generation": recipe.get("generation"), "decoding": recipe.get("decoding"),
             "dtype": recipe.get("dtype", "fp32")}  # recipes keep float targets unless they say otherwise
 
 

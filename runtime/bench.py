@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import DEFAULT_DRAFTER
 from .control.calibrate import load_profile, machine, measure, save_profile
 from .control.costmodel import best_gamma, expected_tokens, predicted_speedup
 from .generator import SpeculativeGenerator, Stats
@@ -107,7 +108,7 @@ def load_prompts(path: Path) -> list[dict]:
     return items
 
 
-def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "model", max_new_tokens: int = 128,
+def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str | None = None, max_new_tokens: int = 128,
               repeat: int = 1, chat: bool | None = None, provider: str = "cpu", threads: int | None = None,
               thread_pool: str = "session",
               calibrate: bool = False, sampling: dict | None = None, progress=None,
@@ -116,6 +117,7 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str = "mo
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
                                      thread_pool=thread_pool, draft_window=draft_window, draft_kv=draft_kv)
     spec.record_min_mass = True  # the report gives sum_x min(p, q) per position
+    drafter = drafter or spec.bundle.decoding.get("drafter", DEFAULT_DRAFTER)
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
     sampling = spec.sampling_settings(**sampling)  # flags left out: the bundle's generation config
     if chat is None:

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from .config import check_decoding
 from .errors import BundleError, IncompatibleModelsError
 
 MANIFEST = "ortspec.json"
@@ -198,6 +199,9 @@ class Bundle:
     tokenizer_file: Path | None
     tokenizer_config: dict = field(default_factory=dict)
     generation_config: dict = field(default_factory=dict)
+    # the drafter and draft length decoding uses when a call leaves them out (the manifest's "decoding", which a
+    # recipe sets; either may be absent: then "model" and 4)
+    decoding: dict = field(default_factory=dict)
 
     def file(self, rel: str) -> Path:
         return safe_path(self.root, rel)
@@ -302,10 +306,24 @@ def load_bundle(root: str | os.PathLike, verify: str = "full") -> Bundle:
             raise BundleError(f"tokenizer file {tokenizer_file.name} is missing from {root}; re-export the bundle")
         tok_config = _read_json(root, "tokenizer_config.json")
     gen_config = _read_json(root, "generation_config.json")
-    bundle = Bundle(root, manifest, target, draft, tokenizer_file, tok_config, gen_config)
+    decoding = _decoding(manifest.get("decoding", {}), draft is not None, mpath)
+    bundle = Bundle(root, manifest, target, draft, tokenizer_file, tok_config, gen_config, decoding)
     if draft is not None:
         check_compatible(bundle)
     return bundle
+
+
+def _decoding(value, has_draft: bool, mpath: Path) -> dict:
+    """The manifest's decoding defaults, checked (``config.check_decoding``) against the bundle's models."""
+    try:
+        decoding = check_decoding(value)
+    except ValueError as exc:
+        raise BundleError(f"{mpath}: the decoding entry is malformed ({exc}); fix it or re-export the bundle") \
+            from None
+    if decoding.get("drafter") in ("model", "hybrid") and not has_draft:
+        raise BundleError(f"{mpath}: the decoding entry names drafter {decoding['drafter']!r} but the bundle has "
+                          "no draft model; fix it or re-export the bundle")
+    return decoding
 
 
 def _read_json(root: Path, name: str) -> dict:

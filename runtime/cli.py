@@ -61,18 +61,20 @@ def _sampling_flags(p: argparse.ArgumentParser) -> None:
                    help="stop token id (repeatable; default: the bundle's)")
 
 
-def _runtime_flags(p: argparse.ArgumentParser, drafter_default: str = "model", gamma: bool = True,
+def _runtime_flags(p: argparse.ArgumentParser, bundle_default: bool = True, gamma: bool = True,
                    window: bool = True) -> None:
     g = p.add_argument_group("runtime")
-    g.add_argument("--drafter", default=drafter_default, choices=["model", "hybrid", "prompt-lookup", "none"],
+    g.add_argument("--drafter", default=None, choices=["model", "hybrid", "prompt-lookup", "none"],
                    help="where drafts come from: the bundle's draft model; hybrid (n-grams of the text so far "
                         "where they match, the draft model otherwise, chosen per round); n-grams alone "
                         "(prompt-lookup: long copies of the prompt draft up to 60 tokens); or nothing (target "
-                        "only). Default " + (drafter_default or "the draft model if the bundle "
-                                                                "has one, else prompt-lookup"))
+                        "only). Default: " + ("the bundle's (a recipe sets it: `ortspec inspect` shows it), else "
+                                             "model" if bundle_default else "the draft model if the bundle has "
+                                                                              "one, else prompt-lookup"))
     if gamma:
-        g.add_argument("--num-draft-tokens", default="4",
-                       help="tokens drafted per round (integer) or 'auto' (cost model). Default 4")
+        g.add_argument("--num-draft-tokens", default=None,
+                       help="tokens drafted per round (integer) or 'auto' (cost model). Default: the bundle's, "
+                            "else 4")
 
     if window:
         g.add_argument("--draft-window", type=int, default=512, metavar="N",
@@ -258,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     _sampling_flags(p)
     p.set_defaults(do_sample=True)
-    _runtime_flags(p, drafter_default=None, gamma=False, window=False)
+    _runtime_flags(p, bundle_default=False, gamma=False, window=False)
 
     p = sub.add_parser("quality", help="compare a bundle's model with a reference bundle's on a text (agreement, "
                                        "KL, NLL)",

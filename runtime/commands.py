@@ -10,9 +10,9 @@ from .errors import OrtspecError
 from .shipped import QUALITY_TEXT, shipped
 
 
-def _gamma(value: str):
-    if value == "auto":
-        return "auto"
+def _gamma(value: str | None):
+    if value is None or value == "auto":  # (None: the bundle's default)
+        return value
     try:
         return int(value)
     except ValueError:
@@ -50,6 +50,7 @@ def cmd_export(args) -> int:
         return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
                   target_quant=args.target_quant, draft_vocab=vars(args).get("draft_vocab", None), generation=None,
+                  decoding=None,
                   dtype=vars(args).get("dtype", None), activations=vars(args).get("activations", "int8"))
     if args.recipe:
         recipe = resolve_recipe(args.recipe)
@@ -131,9 +132,11 @@ def cmd_generate(args) -> int:
         sys.stdout.flush()
     sys.stdout.write("\n")
     stats, reason = events.result
+    gamma = gen.default_num_draft_tokens if kwargs["num_draft_tokens"] is None else kwargs["num_draft_tokens"]
     print(f"{stats.new_tokens} tokens in {stats.total_time_s:.2f} s (first after {stats.first_token_s:.2f} s): "
           f"{stats.tokens_per_s:.1f} tok/s, "
-          f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round, "
+          f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round "
+          f"(drafter {gen.drafter.name}, draft tokens {gamma}), "
           f"stopped on {reason}" + (" (draft disabled)" if stats.draft_disabled else ""), file=sys.stderr)
     return 0
 
@@ -218,7 +221,7 @@ def cmd_bench(args) -> int:
         if unknown:
             raise ValueError(f"no prompt in {prompts_path} has id {', '.join(unknown)}")
         items = [it for it in items if it.get("id") in args.ids]
-    report = run_bench(args.bundle, items, gammas, drafter=args.drafter.replace("-", "_"),
+    report = run_bench(args.bundle, items, gammas, drafter=args.drafter and args.drafter.replace("-", "_"),
                        max_new_tokens=args.max_new_tokens, repeat=args.repeat, chat=False if args.no_chat else None,
                        provider=args.provider, threads=args.threads, thread_pool=POOL, calibrate=args.calibrate, sampling=sampling,
                        draft_window=args.draft_window or None, draft_kv=args.draft_kv,

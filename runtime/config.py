@@ -112,8 +112,9 @@ class SpeculationConfig:
     ``bitwise`` (default): no target pass has a single position (nor, for a target in blocks of 64 weights or
     more, any odd number: ``ModelSpec.row_tile``), so every committed token's logits come from onnxruntime's
     multi-row kernels, whose per-position results do not depend on what else shares the pass: greedy output
-    is then identical, token for token, whatever the drafter, the draft length or the prefix reuse, and identical to target-only decoding. ``False`` lets target-only steps take the
-    one-row kernels (a little faster on some targets; output then matches only up to their rounding).
+    is then identical, token for token, whatever the drafter, the draft length or the prefix reuse, and
+    identical to target-only decoding. ``False`` lets target-only steps take the one-row kernels (a little
+    faster on some targets; output then matches only up to their rounding).
     """
 
     num_draft_tokens: int | str = 4
@@ -129,6 +130,38 @@ class SpeculationConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_draft_tokens:
             raise ValueError(
                 f"num_draft_tokens must be an integer in [0, {self.max_draft_tokens}] or 'auto', got {n!r}")
+
+
+DRAFTERS = ("model", "prompt_lookup", "hybrid", "none")
+DEFAULT_DRAFTER, DEFAULT_NUM_DRAFT_TOKENS = "model", 4  # where a call and the bundle leave them out
+
+
+def check_generation(generation: dict | None) -> None:
+    """Refuse sampling defaults for a bundle's generation_config.json that generation would refuse."""
+    if generation is None:
+        return
+    keys = {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty"}
+    if not isinstance(generation, dict) or set(generation) - keys:
+        raise ValueError(f"generation takes {', '.join(sorted(keys))}; got "
+                         f"{sorted(set(generation) - keys) if isinstance(generation, dict) else generation!r}")
+    SamplingConfig(**generation)
+
+
+def check_decoding(decoding: object) -> dict:
+    """A bundle's decoding defaults, {"drafter": one of DRAFTERS, "num_draft_tokens": an integer or "auto"}
+    (either may be left out), checked and normalized ("prompt-lookup" -> "prompt_lookup"); ValueError if bad."""
+    keys = ("drafter", "num_draft_tokens")
+    if not isinstance(decoding, dict) or set(decoding) - set(keys):
+        raise ValueError(f"decoding defaults take {' and '.join(keys)}, got {decoding!r}")
+    out = dict(decoding)
+    if "drafter" in out:
+        drafter = out["drafter"].replace("-", "_") if isinstance(out["drafter"], str) else out["drafter"]
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {out['drafter']!r}")
+        out["drafter"] = drafter
+    if "num_draft_tokens" in out:
+        SpeculationConfig(out["num_draft_tokens"])
+    return out
 
 
 def _check_number(name: str, value: object) -> None:

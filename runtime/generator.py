@@ -11,7 +11,8 @@ import warnings
 import numpy as np
 
 from .bundle import Bundle, load_bundle
-from .config import SamplingConfig, SpeculationConfig, resolve_sampling
+from .config import (DEFAULT_DRAFTER, DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, SamplingConfig, SpeculationConfig,
+                     resolve_sampling)
 from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
 from .control import ProfileMemory
 from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
@@ -27,7 +28,6 @@ from .verify import verify_dists
 
 __all__ = ["SpeculativeGenerator", "Event", "Result", "Stats", "InvariantError", "decoding_vocab", "verify_dists"]
 
-DRAFTERS = ("model", "prompt_lookup", "hybrid", "none")
 DRAFT_KV = ("auto", "own")  # where a self-draft's keys and values for committed text come from
 
 
@@ -98,11 +98,13 @@ class SpeculativeGenerator:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str = "model",
+    def load(cls, bundle_dir: str | os.PathLike, provider: str = "cpu", drafter: str | None = None,
              threads: int | None = None, verify: str = "full",
              thread_pool: str = "session", logits: str = "auto",
              draft_window: int | None = 512, draft_kv: str = "auto") -> "SpeculativeGenerator":
-        """Load a bundle. drafter: "model" (the bundle's draft), "prompt_lookup" or "none".
+        """Load a bundle. drafter: "model" (the bundle's draft), "hybrid" (n-gram lookups where they match, the
+        draft model otherwise), "prompt_lookup" or "none"; None (default): the bundle's own default (its
+        manifest's "decoding", which a recipe sets), else "model".
 
         thread_pool: "session" (a thread pool per model, spinning only while that model runs) or "shared"
         (both models on onnxruntime's process-wide pool, as the commands run; about as fast, but onnxruntime
@@ -131,7 +133,7 @@ class SpeculativeGenerator:
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise ValueError(f"bundle_dir must be a path, got {type(bundle_dir).__name__}")
         drafter = drafter.replace("-", "_") if isinstance(drafter, str) else drafter
-        if drafter not in DRAFTERS:
+        if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
@@ -142,6 +144,7 @@ class SpeculativeGenerator:
         if draft_kv not in DRAFT_KV:
             raise ValueError(f"draft_kv must be one of {', '.join(DRAFT_KV)}, got {draft_kv!r}")
         bundle = load_bundle(bundle_dir, verify=verify)
+        drafter = drafter or bundle.decoding.get("drafter", DEFAULT_DRAFTER)
         if (bundle.target.quantization or {}).get("method") == "int8":
             warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
                           "speculative output can differ from target-only output at near-ties; re-export it with "
@@ -238,7 +241,7 @@ class SpeculativeGenerator:
                max_new_tokens: int = 64, do_sample: bool | None = None, temperature: float | None = None,
                top_k: int | None = None, top_p: float | None = None, repetition_penalty: float | None = None,
                bad_words_ids: Sequence[Sequence[int]] = (), seed: int | None = None,
-               num_draft_tokens: int | str = 4, eos_token_id: int | Sequence[int] | None = None,
+               num_draft_tokens: int | str | None = None, eos_token_id: int | Sequence[int] | None = None,
                strict: bool = False, chat: bool = False, system: str | None = None,
                messages: Sequence[dict] | None = None, bitwise: bool = True,
                response_format=None, logprobs: int | None = None, tools: Sequence[dict] | None = None,
@@ -253,6 +256,7 @@ class SpeculativeGenerator:
         Sampling settings left out (None) come from the bundle's generation_config.json, as in transformers'
         ``generate`` (see ``sampling_defaults``), else transformers' defaults: greedy; when sampling,
         temperature 1, top-k 50 (``top_k=0`` turns it off), top-p 1, no repetition penalty.
+        ``num_draft_tokens`` left out is the bundle's default (``default_num_draft_tokens``).
 
         ``response_format`` constrains the answer: a JSON schema (a dict), ``{"regex": pattern}``,
         ``{"grammar": Lark or GBNF text}`` or ``"json"`` (any JSON object). Target and draft rows are masked
@@ -282,7 +286,8 @@ class SpeculativeGenerator:
         if sampling.logit_bias and sampling.logit_bias[-1][0] >= self.vocab_size:
             raise ValueError(f"logit_bias names token {sampling.logit_bias[-1][0]}, past the vocabulary "
                              f"[0, {self.vocab_size})")
-        speculation = SpeculationConfig(num_draft_tokens, bitwise=bitwise)
+        speculation = SpeculationConfig(self.default_num_draft_tokens if num_draft_tokens is None
+                                        else num_draft_tokens, bitwise=bitwise)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -308,6 +313,11 @@ class SpeculativeGenerator:
         if self._vocabulary is None:
             self._vocabulary = Vocabulary(self.codec.tokenizer.to_str(), self.vocab_size)
         return grammar
+
+    @property
+    def default_num_draft_tokens(self) -> int | str:
+        """The draft length of a call that leaves it out: the bundle's (manifest "decoding"), else 4."""
+        return self.bundle.decoding.get("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
 
     def sampling_settings(self, **given) -> dict:
         """Sampling settings for a call: each one given (not None) wins, then the bundle's generation

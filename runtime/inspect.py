@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .bundle import check_compatible, load_bundle, sha256_file
-from .config import resolve_sampling
+from .config import DEFAULT_DRAFTER, DEFAULT_NUM_DRAFT_TOKENS, resolve_sampling
 from .errors import BundleError, IncompatibleModelsError
 
 
@@ -51,6 +51,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
     return {"bundle": str(Path(path).resolve()), "ok": not errors, "errors": errors, "models": models,
             "generation_defaults": bundle.sampling_defaults,
             "sampling_in_force": resolve_sampling(bundle.sampling_defaults),
+            "decoding_defaults": bundle.decoding,
             "tokenizer": bundle.manifest.get("tokenizer"), "compatibility": compat,
             "export_versions": bundle.manifest.get("export_versions", {})}
 
@@ -104,6 +105,11 @@ def format_report(r: dict) -> str:
         f"{k}={v}" + ("" if k in defaults else "*") for k, v in force.items())
         + ("  (* transformers' default; the rest from generation_config.json)" if len(defaults) < len(force)
            else "  (from generation_config.json)"))
+    decoding = r.get("decoding_defaults") or {}
+    lines.append("  decoding when a call sets nothing: " + ", ".join(
+        f"{k}={decoding.get(k, v)}" + ("" if k in decoding else "*")
+        for k, v in (("drafter", DEFAULT_DRAFTER), ("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)))
+        + ("  (* ortspec's default; the rest from the manifest)" if len(decoding) < 2 else "  (from the manifest)"))
     tok = r.get("tokenizer")
     if tok:
         lines.append(f"  tokenizer: {tok.get('vocab_size')} tokens, eos {tok.get('eos_token_ids')}, "

@@ -48,9 +48,10 @@ class Engine:
     """Runs tickets one after another on a single worker thread, in arrival order."""
 
     def __init__(self, gen: SpeculativeGenerator, model_id: str, max_queue: int = 32,
-                 timeout_s: float = 600.0, default_gamma: int | str = 4, default_max_tokens: int = 1024):
+                 timeout_s: float = 600.0, default_gamma: int | str | None = None, default_max_tokens: int = 1024):
         self.gen, self.model_id, self.default_max_tokens = gen, model_id, default_max_tokens
-        self.max_queue, self.timeout_s, self.default_gamma = max_queue, timeout_s, default_gamma
+        self.max_queue, self.timeout_s = max_queue, timeout_s
+        self.default_gamma = gen.default_num_draft_tokens if default_gamma is None else default_gamma  # (the bundle's)
         offered = (("model", "hybrid") if gen.drafter.lm is not None else ()) + ("prompt_lookup", "none")
         self.drafters = (gen.drafter.name,) + tuple(d for d in offered if d != gen.drafter.name)
         self._siblings = {gen.drafter.name: gen}
@@ -386,13 +387,14 @@ async def _sse(ticket: Ticket, engine: Engine):
 
 # -- the command ---------------------------------------------------------------------------------------------------
 
-def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str = "model",
-          num_draft_tokens: int | str = 4, provider: str = "cpu", threads: int | None = None,
+def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str | None = None,
+          num_draft_tokens: int | str | None = None, provider: str = "cpu", threads: int | None = None,
           draft_window: int | None = 512, draft_kv: str = "auto", max_queue: int = 32,
           request_timeout: float = 600.0, api_key: str | None = None,
           model_id: str | None = None, max_body: int = DEFAULT_MAX_BODY, default_max_tokens: int = 1024,
           ready=None) -> None:
-    """Load a bundle and serve it until interrupted. ``ready(url)`` is called once the socket listens."""
+    """Load a bundle and serve it until interrupted. ``ready(url)`` is called once the socket listens.
+    ``drafter`` and ``num_draft_tokens`` left out (None) are the bundle's defaults (``SpeculativeGenerator``)."""
     try:
         import uvicorn
         import starlette  # noqa: F401
@@ -413,7 +415,8 @@ def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str =
         raise ValueError(f"--max-body-bytes must be an integer >= 1024, got {max_body!r}")
     if api_key is not None and not api_key:
         raise ValueError("--api-key must not be empty")
-    SpeculationConfig(num_draft_tokens)  # checked before the (slow) load
+    if num_draft_tokens is not None:
+        SpeculationConfig(num_draft_tokens)  # checked before the (slow) load
     gen = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads,
                                     draft_window=draft_window, draft_kv=draft_kv, thread_pool="shared")
     model_id = model_id or Path(bundle).resolve().name

@@ -2,7 +2,11 @@
 their choices, and greedy output equal to target-only decoding while they make them."""
 from __future__ import annotations
 
+import json
 import random
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -141,7 +145,6 @@ def test_hybrid_drafts_nothing_where_neither_source_pays(small):
 def test_hybrid_still_looks_up_while_auto_pauses_the_model(small_bundle, tmp_path, monkeypatch):
     """Auto pausing model drafts (gamma 0) leaves the hybrid its lookups (the vocab-16 target loops, so they
     match and pay); a fixed gamma of 0 drafts nothing; output equals target-only decoding either way."""
-    import shutil
     from ortspec.control.controllers import AutoController
     b = tmp_path / "b"
     shutil.copytree(small_bundle, b)  # auto calibrates once and stores the profile in the bundle
@@ -160,7 +163,6 @@ def test_hybrid_still_looks_up_while_auto_pauses_the_model(small_bundle, tmp_pat
 
 def test_hybrid_reads_the_costs_timed_in_the_request(small_bundle, tmp_path):
     """With no stored profile, the hybrid's choice uses the pass costs and draft step its request timed."""
-    import shutil
     b = tmp_path / "b"
     shutil.copytree(small_bundle, b)
     gen = SpeculativeGenerator.load(b, drafter="hybrid")
@@ -191,6 +193,61 @@ def test_hybrid_drafter_is_offered(small_bundle, pair_bundle):
     gen = SpeculativeGenerator.load(small_bundle, drafter="hybrid")
     assert gen.drafter.name == "hybrid" and gen.drafter.lm is not None
     assert SpeculativeGenerator.load(pair_bundle).sibling("hybrid").drafter.name == "hybrid"
+
+
+def _with_decoding(bundle, tmp_path, decoding):
+    """A copy of ``bundle`` whose manifest carries ``decoding`` (what a recipe's [decoding] table writes)."""
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "ortspec.json").read_text())
+    (copy / "ortspec.json").write_text(json.dumps(dict(manifest, decoding=decoding)))
+    return copy
+
+
+def test_a_bundles_decoding_defaults_apply_where_a_call_leaves_them_out(small_bundle, tmp_path):
+    plain = SpeculativeGenerator.load(small_bundle)  # no decoding entry: ortspec's defaults
+    assert plain.drafter.name == "model" and plain.default_num_draft_tokens == 4
+    assert max(plain.generate(input_ids=[1, 2, 3], max_new_tokens=16, do_sample=False).stats.round_gammas) == 4
+    b = _with_decoding(small_bundle, tmp_path, {"drafter": "hybrid", "num_draft_tokens": 2})
+    gen = SpeculativeGenerator.load(b)
+    assert gen.drafter.name == "hybrid" and gen.default_num_draft_tokens == 2
+    res = gen.generate(input_ids=[1, 2, 3], max_new_tokens=16, do_sample=False)
+    assert max(res.stats.round_gammas) == 2
+    explicit = gen.generate(input_ids=[1, 2, 3], max_new_tokens=16, do_sample=False, num_draft_tokens=3)
+    assert max(explicit.stats.round_gammas) == 3 and explicit.token_ids == res.token_ids
+    assert SpeculativeGenerator.load(b, drafter="none").drafter.name == "none"  # a call's choice wins
+    from ortspec.serve import Engine
+    assert Engine(gen, "m").default_gamma == 2 and Engine(gen, "m", default_gamma="auto").default_gamma == "auto"
+    from ortspec.inspect import format_report, inspect_bundle
+    assert "decoding when a call sets nothing: drafter=hybrid, num_draft_tokens=2  (from the manifest)" in \
+        format_report(inspect_bundle(str(b), checksums=False))
+    for flags, said in (((), "(drafter hybrid, draft tokens 2)"),
+                        (("--drafter", "model", "--num-draft-tokens", "3"), "(drafter model, draft tokens 3)")):
+        proc = subprocess.run([sys.executable, "-m", "ortspec.cli", "generate", str(b), "--input-ids", "1,2,3",
+                               "--max-new-tokens", "6", "--greedy", *flags], capture_output=True, text=True)
+        assert proc.returncode == 0 and said in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("decoding, needle", [
+    ({"drafter": "lookahead"}, "drafter must be one of"),
+    ({"num_draft_tokens": 99}, "num_draft_tokens must be"),
+    ({"gamma": 4}, "decoding defaults take"),
+    ("hybrid", "decoding defaults take"),
+])
+def test_a_malformed_decoding_entry_is_named(small_bundle, tmp_path, decoding, needle):
+    from ortspec.bundle import load_bundle
+    from ortspec.errors import BundleError
+    with pytest.raises(BundleError, match=needle):
+        load_bundle(_with_decoding(small_bundle, tmp_path, decoding), verify="none")
+
+
+def test_a_decoding_default_needing_a_draft_is_refused_without_one(ids_bundle, tmp_path):
+    from ortspec.bundle import load_bundle
+    from ortspec.errors import BundleError
+    with pytest.raises(BundleError, match="no draft model"):
+        load_bundle(_with_decoding(ids_bundle, tmp_path, {"drafter": "hybrid"}), verify="none")
+    assert load_bundle(_with_decoding(ids_bundle, tmp_path / "2", {"drafter": "prompt-lookup"})).decoding == \
+        {"drafter": "prompt_lookup"}
 
 
 def test_draft_window_view_keeps_the_first_tokens_and_a_recent_stretch():

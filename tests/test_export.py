@@ -234,6 +234,24 @@ def test_shipped_recipes_name_methods_export_accepts():
     assert split_method(load_recipe("qwen2.5-coder-int4")["draft"]["quant"]) == ("int4a", 128)
     # its target: searched scales in blocks of 64 (more faithful and cheaper than blocks of 32; "Block size")
     assert split_method(load_recipe("qwen2.5-coder-int4")["target"]["quant"]) == ("int4s", 64)
+    # and decodes, when a call does not say, with the fastest setting measured (docs/results.md, "Default decoding")
+    assert load_recipe("qwen2.5-coder-int4")["decoding"] == {"drafter": "hybrid", "num_draft_tokens": "auto"}
+
+
+def test_decoding_defaults_are_written_and_bad_ones_refused_before_any_work(workdir, hf_models, tmp_path):
+    from ortspec.export.recipes import load_recipe
+    out = export_bundle(target=str(hf_models["no_tok"]), out=tmp_path / "b", progress=None,
+                        decoding={"drafter": "prompt-lookup", "num_draft_tokens": "auto"})
+    assert load_bundle(out).decoding == {"drafter": "prompt_lookup", "num_draft_tokens": "auto"}
+    for decoding, needle in (({"drafter": "hybrid"}, "pass a draft too"), ({"num_draft_tokens": -1}, "must be"),
+                             ({"drafters": "model"}, "decoding defaults take")):
+        with pytest.raises(ValueError, match=needle):
+            export_bundle(target="no/such-model", out=tmp_path / "never", decoding=decoding, progress=None)
+    assert not (tmp_path / "never").exists()
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[target]\ngguf = "x.gguf"\n[decoding]\ndrafter = "lookahead"\n')
+    with pytest.raises(ExportError, match="drafter must be one of"):
+        load_recipe(str(bad))
 
 
 def test_draft_from_other_model_keeps_its_tokenizer(pair_bundle):

@@ -8,7 +8,7 @@
 Per prompt, in one process and rotating order, greedy decoding (or, with --sample, every runtime sampling at
 temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05):
 
-* ortspec: target-only, the bundle's draft (fixed gamma and auto), prompt-lookup;
+* ortspec: target-only, the bundle's draft (fixed gamma and auto), prompt-lookup, hybrid (fixed gamma and auto);
 * transformers (PyTorch, CPU, fp32, from the same source weights the bundle was
   exported from): target-only `generate`, prompt-lookup, and assisted generation
   with the draft's source model when the draft is a separate model (a quantized
@@ -177,7 +177,9 @@ def main() -> int:
         runners["ortspec draft model auto"] = ours(spec, num_draft_tokens="auto")
     runners[f"ortspec prompt-lookup g={g}"] = ours(lookup, num_draft_tokens=g)
     if b.draft is not None:
-        runners[f"ortspec hybrid g={g}"] = ours(spec.sibling("hybrid"), num_draft_tokens=g)
+        hybrid = spec.sibling("hybrid")
+        runners[f"ortspec hybrid g={g}"] = ours(hybrid, num_draft_tokens=g)
+        runners["ortspec hybrid auto"] = ours(hybrid, num_draft_tokens="auto")
     if "transformers" in peers:
         torch.set_num_threads(args.threads)
         target_hf = load_hf(b.target.source)

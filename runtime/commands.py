@@ -60,9 +60,27 @@ def cmd_export(args) -> int:
     out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,
                         graph=vars(args).get("graph", "auto"),
                         genai_config=genai_k if genai else None, **kwargs)
+    _time_for_auto(out)
     if args.json:
         print((Path(out) / "ortspec.json").read_text())
     return 0
+
+
+def _time_for_auto(out) -> None:
+    """A bundle that decodes with the draft length "auto" when a call does not say gets this machine's pass
+    costs now (stored beside it, as the first "auto" request would), so that its first answer does not stop to
+    measure them."""
+    import time
+    from .bundle import load_bundle
+    from .generator import SpeculativeGenerator
+    if load_bundle(out, verify="none").decoding.get("num_draft_tokens") != "auto":
+        return
+    started = time.perf_counter()
+    gen = SpeculativeGenerator.load(out, verify="none")  # (a pool per session: export stays possible in-process)
+    if gen.stored_profile() is None:
+        gen.profile()
+        print(f"[ortspec export] timed this machine's pass costs for the draft length 'auto' "
+              f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
 
 
 def _response_format(args):

@@ -228,6 +228,22 @@ def test_a_bundles_decoding_defaults_apply_where_a_call_leaves_them_out(small_bu
         assert proc.returncode == 0 and said in proc.stderr, proc.stderr
 
 
+def test_an_export_that_decodes_with_auto_times_the_machine_once(small_bundle, tmp_path, capsys):
+    from ortspec.commands import _time_for_auto
+    b = _with_decoding(small_bundle, tmp_path, {"num_draft_tokens": "auto"})
+    (b / "ortspec-profile.json").unlink(missing_ok=True)
+    _time_for_auto(b)
+    assert SpeculativeGenerator.load(b).stored_profile()["draft_cost"] > 0
+    assert "timed this machine's pass costs" in capsys.readouterr().err
+    _time_for_auto(b)  # stored: not again
+    assert capsys.readouterr().err == ""
+    plain = tmp_path / "plain"
+    shutil.copytree(small_bundle, plain)
+    (plain / "ortspec-profile.json").unlink(missing_ok=True)
+    _time_for_auto(plain)  # a bundle that does not decode with auto by default is left as it is
+    assert not (plain / "ortspec-profile.json").exists()
+
+
 @pytest.mark.parametrize("decoding, needle", [
     ({"drafter": "lookahead"}, "drafter must be one of"),
     ({"num_draft_tokens": 99}, "num_draft_tokens must be"),

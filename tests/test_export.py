@@ -235,7 +235,9 @@ def test_shipped_recipes_name_methods_export_accepts():
     # its target: searched scales in blocks of 64 (more faithful and cheaper than blocks of 32; "Block size")
     assert split_method(load_recipe("qwen2.5-coder-int4")["target"]["quant"]) == ("int4s", 64)
     # and decodes, when a call does not say, with the fastest setting measured (docs/results.md, "Default decoding")
-    assert load_recipe("qwen2.5-coder-int4")["decoding"] == {"drafter": "hybrid", "num_draft_tokens": "auto"}
+    for name in ("qwen2.5-coder-int4", "smollm2-135m", "smollm2-135m-int4"):
+        assert load_recipe(name)["decoding"] == {"drafter": "hybrid", "num_draft_tokens": "auto"}, name
+    assert load_recipe("qwen2.5-coder")["decoding"] == {"num_draft_tokens": "auto"}
 
 
 def test_decoding_defaults_are_written_and_bad_ones_refused_before_any_work(workdir, hf_models, tmp_path):

@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "rounded per block, as llama.cpp's CPU kernels do; fastest) or fp32 (the 4-bit matrices "
                         "read float inputs: closer to the file's model in float, e.g. Qwen2.5-Coder-1.5B Q4_K_M "
                         "98.2%% top-1 agreement instead of 97.2%%, but decoding steps cost 1.3-2.9x as much)")
+    p.add_argument("--default-drafter", choices=["model", "hybrid", "prompt-lookup", "none"],
+                   help="the drafter a generation that does not name one uses (the manifest's decoding; a recipe "
+                        "may set it). Default: model")
+    p.add_argument("--default-num-draft-tokens", metavar="N|auto",
+                   help="the draft length a generation that does not give one uses: an integer or auto (export "
+                        "then times this machine's pass costs for it once). Default: 4")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.add_argument("--trust-remote-code", action="store_true",

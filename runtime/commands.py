@@ -10,16 +10,15 @@ from .errors import OrtspecError
 from .shipped import QUALITY_TEXT, shipped
 
 
-def _gamma(value: str | None):
+def _gamma(value: str | None, flag: str = "--num-draft-tokens"):
     if value is None or value == "auto":  # (None: the bundle's default)
         return value
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"--num-draft-tokens must be an integer or 'auto', got {value!r}") from None
+        raise ValueError(f"{flag} must be an integer or 'auto', got {value!r}") from None
 
 
-# The commands own their process: both models run on onnxruntime's one shared thread pool (faster).
 POOL = "shared"
 
 
@@ -50,11 +49,15 @@ def cmd_export(args) -> int:
         return 0
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
                   target_quant=args.target_quant, draft_vocab=vars(args).get("draft_vocab", None), generation=None,
-                  decoding=None,
-                  dtype=vars(args).get("dtype", None), activations=vars(args).get("activations", "int8"))
+                  decoding=None, dtype=vars(args).get("dtype", None),
+                  activations=vars(args).get("activations", "int8"))
+    gamma = _gamma(vars(args).get("default_num_draft_tokens"), "--default-num-draft-tokens")
+    decoding = {k: v for k, v in (("drafter", vars(args).get("default_drafter")), ("num_draft_tokens", gamma))
+                if v is not None}
     if args.recipe:
         recipe = resolve_recipe(args.recipe)
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}
+    kwargs["decoding"] = dict(kwargs.get("decoding") or {}, **decoding) or None  # the flags win over a recipe's
     if not kwargs["target"]:
         raise ValueError("pass --target SRC or --recipe NAME")
     out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,

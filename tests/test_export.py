@@ -256,6 +256,20 @@ def test_decoding_defaults_are_written_and_bad_ones_refused_before_any_work(work
         load_recipe(str(bad))
 
 
+def test_export_flags_set_the_decoding_defaults_and_time_the_machine_for_auto(hf_models, tmp_path):
+    def cli(*flags):
+        return subprocess.run([sys.executable, "-m", "ortspec.cli", "export", "--target", str(hf_models["no_tok"]),
+                               *flags], capture_output=True, text=True)
+    proc = cli("--default-drafter", "prompt-lookup", "--default-num-draft-tokens", "auto", "--out", tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    assert load_bundle(tmp_path / "b").decoding == {"drafter": "prompt_lookup", "num_draft_tokens": "auto"}
+    assert "timed this machine's pass costs" in proc.stderr and (tmp_path / "b" / "ortspec-profile.json").is_file()
+    proc = cli("--default-num-draft-tokens", "many", "--out", tmp_path / "c")
+    assert proc.returncode == 2 and "--default-num-draft-tokens must be an integer or 'auto'" in proc.stderr
+    proc = cli("--default-drafter", "hybrid", "--out", tmp_path / "c")
+    assert proc.returncode == 2 and "pass a draft too" in proc.stderr and not (tmp_path / "c").exists()
+
+
 def test_draft_from_other_model_keeps_its_tokenizer(pair_bundle):
     bundle = load_bundle(pair_bundle)
     assert bundle.draft.tokenizer == "draft/tokenizer.json" and bundle.draft.quantization is None

@@ -235,7 +235,7 @@ def test_shipped_recipes_name_methods_export_accepts():
     # its target: searched scales in blocks of 64 (more faithful and cheaper than blocks of 32; "Block size")
     assert split_method(load_recipe("qwen2.5-coder-int4")["target"]["quant"]) == ("int4s", 64)
     # and decodes, when a call does not say, with the fastest setting measured (docs/results.md, "Default decoding")
-    for name in ("qwen2.5-coder-int4", "smollm2-135m", "smollm2-135m-int4"):
+    for name in ("qwen2.5-coder-int4", "qwen2.5-coder-int8", "smollm2-135m", "smollm2-135m-int4"):
         assert load_recipe(name)["decoding"] == {"drafter": "hybrid", "num_draft_tokens": "auto"}, name
     assert load_recipe("qwen2.5-coder")["decoding"] == {"num_draft_tokens": "auto"}
 

@@ -92,9 +92,7 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
                                     or draft_vocab < 1):
         raise ValueError(f"draft_vocab must be None or a positive number of token ids, got {draft_vocab!r}")
     check_generation(generation)  # refuse bad defaults before any work
-    decoding = None if decoding is None else check_decoding(decoding)
-    if (decoding or {}).get("drafter") in ("model", "hybrid") and draft is None:
-        raise ValueError(f"decoding names drafter {decoding['drafter']!r}: pass a draft too")
+    decoding = None if decoding is None else check_decoding(decoding, draft is not None)
     if draft_vocab is not None and draft is None:
         raise ValueError("draft_vocab restricts the draft's output layer: pass a draft too")
     if draft_vocab is not None and draft_quant == KEEP:

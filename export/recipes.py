@@ -51,7 +51,7 @@ def load_recipe(name: str) -> dict:
         raise ExportError(f"recipe {path} has no [target] table")
     try:  # bad defaults are refused before any download
         check_generation(recipe.get("generation"))
-        check_decoding(recipe.get("decoding", {}))
+        check_decoding(recipe.get("decoding", {}), bool(recipe.get("draft")))
     except ValueError as exc:
         raise ExportError(f"recipe {path}: {exc}") from None
     return recipe

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DEFAULT_DRAFTER
 from .control.calibrate import load_profile, machine, measure, save_profile
 from .control.costmodel import best_gamma, expected_tokens, predicted_speedup
 from .generator import SpeculativeGenerator, Stats
@@ -117,7 +116,7 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str | Non
     spec = SpeculativeGenerator.load(bundle, provider=provider, drafter=drafter, threads=threads, verify="none",
                                      thread_pool=thread_pool, draft_window=draft_window, draft_kv=draft_kv)
     spec.record_min_mass = True  # the report gives sum_x min(p, q) per position
-    drafter = drafter or spec.bundle.decoding.get("drafter", DEFAULT_DRAFTER)
+    drafter = drafter or spec.bundle.default_drafter
     base = spec.sibling("none")  # same target session: one copy of the weights in memory
     sampling = spec.sampling_settings(**sampling)  # flags left out: the bundle's generation config
     if chat is None:

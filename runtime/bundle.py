@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from .config import check_decoding
+from .config import DEFAULT_DRAFTER, DEFAULT_NUM_DRAFT_TOKENS, check_decoding
 from .errors import BundleError, IncompatibleModelsError
 
 MANIFEST = "ortspec.json"
@@ -212,6 +212,16 @@ class Bundle:
         return [int(i) for i in ids]
 
     @property
+    def default_drafter(self) -> str:
+        """The drafter of a generation that names none: the manifest's "decoding", else "model"."""
+        return self.decoding.get("drafter", DEFAULT_DRAFTER)
+
+    @property
+    def default_num_draft_tokens(self) -> int | str:
+        """The draft length of a generation that gives none: the manifest's "decoding", else 4."""
+        return self.decoding.get("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
+
+    @property
     def sampling_defaults(self) -> dict:
         """The sampling settings of generation_config.json that ortspec uses when a call leaves them out
         (do_sample, temperature, top_k, top_p, repetition_penalty); values of the wrong type are ignored."""
@@ -316,14 +326,10 @@ def load_bundle(root: str | os.PathLike, verify: str = "full") -> Bundle:
 def _decoding(value, has_draft: bool, mpath: Path) -> dict:
     """The manifest's decoding defaults, checked (``config.check_decoding``) against the bundle's models."""
     try:
-        decoding = check_decoding(value)
+        return check_decoding(value, has_draft)
     except ValueError as exc:
-        raise BundleError(f"{mpath}: the decoding entry is malformed ({exc}); fix it or re-export the bundle") \
-            from None
-    if decoding.get("drafter") in ("model", "hybrid") and not has_draft:
-        raise BundleError(f"{mpath}: the decoding entry names drafter {decoding['drafter']!r} but the bundle has "
-                          "no draft model; fix it or re-export the bundle")
-    return decoding
+        raise BundleError(f"{mpath}: the decoding entry does not fit this bundle ({exc}); fix it or re-export "
+                          "the bundle") from None
 
 
 def _read_json(root: Path, name: str) -> dict:

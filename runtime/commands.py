@@ -19,6 +19,7 @@ def _gamma(value: str | None, flag: str = "--num-draft-tokens"):
         raise ValueError(f"{flag} must be an integer or 'auto', got {value!r}") from None
 
 
+# The commands own their process: both models run on onnxruntime's one shared thread pool (faster).
 POOL = "shared"
 
 
@@ -76,7 +77,7 @@ def _time_for_auto(out) -> None:
     import time
     from .bundle import load_bundle
     from .generator import SpeculativeGenerator
-    if load_bundle(out, verify="none").decoding.get("num_draft_tokens") != "auto":
+    if load_bundle(out, verify="none").default_num_draft_tokens != "auto":
         return
     started = time.perf_counter()
     gen = SpeculativeGenerator.load(out, verify="none")  # (a pool per session: export stays possible in-process)

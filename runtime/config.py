@@ -147,9 +147,10 @@ def check_generation(generation: dict | None) -> None:
     SamplingConfig(**generation)
 
 
-def check_decoding(decoding: object) -> dict:
+def check_decoding(decoding: object, has_draft: bool | None = None) -> dict:
     """A bundle's decoding defaults, {"drafter": one of DRAFTERS, "num_draft_tokens": an integer or "auto"}
-    (either may be left out), checked and normalized ("prompt-lookup" -> "prompt_lookup"); ValueError if bad."""
+    (either may be left out), checked and normalized ("prompt-lookup" -> "prompt_lookup"); ValueError if bad,
+    or (``has_draft`` False) if it names a drafter that needs a draft model."""
     keys = ("drafter", "num_draft_tokens")
     if not isinstance(decoding, dict) or set(decoding) - set(keys):
         raise ValueError(f"decoding defaults take {' and '.join(keys)}, got {decoding!r}")
@@ -161,6 +162,9 @@ def check_decoding(decoding: object) -> dict:
         out["drafter"] = drafter
     if "num_draft_tokens" in out:
         SpeculationConfig(out["num_draft_tokens"])
+    if has_draft is False and out.get("drafter") in ("model", "hybrid"):
+        raise ValueError(f"decoding names drafter {out['drafter']!r} but the bundle has no draft model: "
+                         "pass a draft too")
     return out
 
 

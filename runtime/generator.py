@@ -11,8 +11,7 @@ import warnings
 import numpy as np
 
 from .bundle import Bundle, load_bundle
-from .config import (DEFAULT_DRAFTER, DEFAULT_NUM_DRAFT_TOKENS, DRAFTERS, SamplingConfig, SpeculationConfig,
-                     resolve_sampling)
+from .config import DRAFTERS, SamplingConfig, SpeculationConfig, resolve_sampling
 from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
 from .control import ProfileMemory
 from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
@@ -144,7 +143,7 @@ class SpeculativeGenerator:
         if draft_kv not in DRAFT_KV:
             raise ValueError(f"draft_kv must be one of {', '.join(DRAFT_KV)}, got {draft_kv!r}")
         bundle = load_bundle(bundle_dir, verify=verify)
-        drafter = drafter or bundle.decoding.get("drafter", DEFAULT_DRAFTER)
+        drafter = drafter or bundle.default_drafter
         if (bundle.target.quantization or {}).get("method") == "int8":
             warnings.warn("this bundle's target uses dynamic INT8 quantization (one activation scale per pass), so "
                           "speculative output can differ from target-only output at near-ties; re-export it with "
@@ -317,7 +316,7 @@ class SpeculativeGenerator:
     @property
     def default_num_draft_tokens(self) -> int | str:
         """The draft length of a call that leaves it out: the bundle's (manifest "decoding"), else 4."""
-        return self.bundle.decoding.get("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
+        return self.bundle.default_num_draft_tokens
 
     def sampling_settings(self, **given) -> dict:
         """Sampling settings for a call: each one given (not None) wins, then the bundle's generation

@@ -111,6 +111,36 @@ def test_calibration_measures_costs_as_decoding_pays_them(monkeypatch):
     assert only["target_costs"] == pytest.approx([11.0, 12.0, 13.0]) and "draft_cost" not in only
 
 
+class BusyClockLM(ClockLM):
+    """A ClockLM whose passes over ``k`` positions run slower by each of ``busy`` in turn (a busy spell)."""
+
+    def __init__(self, *args, k: int, busy: list):
+        super().__init__(*args)
+        self.k, self.busy, self.passes = k, list(busy), 0
+
+    def forward(self, ids, reuse=False):
+        super().forward(ids, reuse)
+        if len(ids) == self.k:
+            self.passes += 1
+            self.clock["t"] += self.busy.pop(0) if self.busy else 0.0
+
+
+@pytest.mark.parametrize("busy, repetitions, cost", [
+    ([], 3, 20.0),                       # a quiet machine: three repetitions agree, and the rounds stop there
+    ([4.0, 4.0], 4, 20.0),               # the first two slowed: the third lowers the minimum, a fourth confirms
+    ([30.0, 20.0, 12.0, 6.0, 3.0], 5, 23.0),  # every repetition lowers it: the cap, and the least of them
+])
+def test_calibration_rounds_stop_once_their_minima_settle(monkeypatch, busy, repetitions, cost):
+    from ortspec.control import calibrate
+    clock = {"t": 0.0, "last": None}
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: clock["t"])
+    target = BusyClockLM(clock, "target", 10.0, 1.0, 5.0, k=5, busy=busy)
+    draft = ClockLM(clock, "draft", 2.0, 1.0, 3.0)
+    prof = calibrate.measure(target, draft, context=16, max_k=5, reps=5)
+    assert target.passes == repetitions  # one pass over 5 positions per repetition of the rounds
+    assert prof["target_costs"][4] == pytest.approx(cost)  # 10 + 5 positions + 5 cold, plus the least delay
+
+
 def test_profiles_from_an_older_method_are_measured_again(tmp_path):
     from ortspec.control.calibrate import load_profile, save_profile
     save_profile(tmp_path, "cpu", {"target_costs": [1.0], "draft_cost": 0.1})

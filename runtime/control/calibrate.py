@@ -61,8 +61,23 @@ def _round(target, draft, context: list[int], k: int) -> tuple[float, float]:
     return (t1 - t0) / (k - 1), time.perf_counter() - t1
 
 
-def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 5) -> dict:
-    """Step costs (seconds) at a fixed context length, after a warm-up of every model."""
+def _settled(rounds: dict, settle: float) -> bool:
+    """True when the latest repetition lowered no pass size's fastest time, nor the draft step (the median over
+    pass sizes of their fastest mean steps), by more than ``settle``: the minima have stopped moving."""
+    def minima(n):  # each pass size's fastest target pass and the draft step, over the first n repetitions
+        fastest = {k: min(r[1] for r in series[:n]) for k, series in rounds.items()}
+        return fastest, float(np.median([min(r[0] for r in series[:n]) for series in rounds.values()]))
+    n = len(next(iter(rounds.values())))
+    (before, draft_before), (now, draft_now) = minima(n - 1), minima(n)
+    return n > 1 and draft_now >= draft_before * (1 - settle) and all(now[k] >= before[k] * (1 - settle) for k in now)
+
+
+def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 5, min_reps: int = 3,
+            settle: float = 0.05) -> dict:
+    """Step costs (seconds) at a fixed context length, after a warm-up of every model. With a draft, the rounds
+    repeat at least ``min_reps`` and at most ``reps`` times, stopping once a repetition moves no minimum by more
+    than ``settle`` (on a quiet machine 3: min of 3 read within 1.6% of min of 5 on the recipes' pairs; a busy
+    spell moves a minimum by tens of percent)."""
     ctx = _ids(target, context, 0)
     saved = target.bitwise
     target.bitwise = False  # raw cost of each pass size; bitwise decoding reads C_t(2) for one-token steps
@@ -77,15 +92,18 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
         # turns within each repetition, so a busy spell on a shared machine slows a few samples of every
         # size rather than every sample of a few sizes (which once made C_t(5..9) read 3x C_t(4)).
         rounds: dict[int, list] = {k: [] for k in range(2, max_k + 1)}
-        for _ in range(reps):
+        for rep in range(reps):
             for k in rounds:
                 rounds[k].append(_round(target, draft, ctx, k))
+            if rep + 1 >= min_reps and _settled(rounds, settle):
+                break
         costs += [min(t for _, t in rounds[k]) for k in rounds]
         draft_cost = float(np.median([min(d for d, _ in rounds[k]) for k in rounds]))
+        repetitions = len(rounds[2])
     out = {"target_costs": costs, "context": context, "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": machine(), "method": "rounds"}
     if draft is not None:
-        out["draft_cost"] = draft_cost
+        out["draft_cost"], out["repetitions"] = draft_cost, repetitions
     for lm in filter(None, (target, draft)):
         lm.reset()
     target.bitwise = saved

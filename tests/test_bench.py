@@ -193,9 +193,12 @@ def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle, first
         assert float(plain) > 0 and float(spec) > 0, r
 
 
-def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle):
-    """tools/draft_ab.py: the same draft loaded twice gives the same rounds (only the draft is swapped in); a
-    bundle of another vocabulary, or one without a draft, is refused."""
+def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle, workdir,
+                                                     hf_models):
+    """tools/draft_ab.py: the same draft loaded twice gives the same rounds (only the draft is swapped in), alone
+    or in the hybrid drafter; a draft over part of the vocabulary is taken; a bundle of another vocabulary, or
+    one without a draft, is refused."""
+    from conftest import _export
     tool = Path(__file__).resolve().parents[1] / "tools" / "draft_ab.py"
     run = lambda *a: subprocess.run([sys.executable, str(tool), *map(str, a)], capture_output=True, text=True)
     proc = run(llama_bundle, llama_bundle, "--limit", "2", "--max-new-tokens", "12", "--greedy")
@@ -205,6 +208,13 @@ def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_
     assert "x the base draft's speed" in proc.stdout
     sampled = run(llama_bundle, llama_bundle, "--limit", "1", "--max-new-tokens", "8", "--sample", "--top-k", "5")
     assert sampled.returncode == 0 and "sampled" in sampled.stdout, sampled.stderr
+    hybrid = run(llama_bundle, llama_bundle, "--drafter", "hybrid", "--limit", "2", "--max-new-tokens", "12", "--greedy")
+    rows = [line.split() for line in hybrid.stdout.splitlines()[1:3]]
+    assert hybrid.returncode == 0 and "hybrid drafter" in hybrid.stdout and rows[0][5:] == rows[1][5:], hybrid.stderr
+    subset = _export(target=str(hf_models["llama"]), draft=str(hf_models["llama"]), draft_quant="int4", draft_vocab=100,
+                     out=workdir / "b_llama_subset")  # a draft whose logits cover ids 0..99 of 128
+    proc = run(llama_bundle, subset, "--limit", "1", "--max-new-tokens", "8", "--greedy")
+    assert proc.returncode == 0 and "x the base draft's speed" in proc.stdout, proc.stderr
     for other, message in ((small_self_bundle, "does not share"), (ids_bundle, "has no draft model")):
         bad = run(llama_bundle, other, "--limit", "1")
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr

@@ -3,6 +3,7 @@
 
     python tools/draft_ab.py models/qwen2.5-coder /work/other-bundle --limit 6 --max-new-tokens 96 --greedy
     python tools/draft_ab.py models/qwen2.5-coder B2 B3 --sample --temperature 0.7 --top-p 0.8 --top-k 20
+    python tools/draft_ab.py models/qwen2.5-coder-int4 B2 --drafter hybrid --num-draft-tokens auto
 
 BASE is loaded whole; of each OTHER bundle only its draft is loaded, and it drafts for BASE's target (the
 bundles must share BASE's tokenizer). Each prompt runs once with every draft, in rotating order, with the same
@@ -27,6 +28,8 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=6, help="first N prompts (default 6)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--num-draft-tokens", default="4", help="gamma or 'auto' (default 4)")
+    ap.add_argument("--drafter", default="model", choices=["model", "hybrid"],
+                    help="each draft model drafts alone (model, the default) or with n-gram lookups (hybrid)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true")
     mode.add_argument("--sample", action="store_true")
@@ -44,7 +47,7 @@ def main() -> int:
     from ortspec.bundle import load_bundle
     from ortspec.engine import CausalLM
 
-    gen = SpeculativeGenerator.load(args.base, thread_pool="shared")
+    gen = SpeculativeGenerator.load(args.base, thread_pool="shared", drafter=args.drafter)
     base_drafter = getattr(gen.drafter, "model", gen.drafter)
     if getattr(base_drafter, "lm", None) is None:
         ap.error(f"{args.base} has no draft model")
@@ -55,12 +58,12 @@ def main() -> int:
         if other.draft is None:
             ap.error(f"{root} has no draft model")
         if (other.tokenizer_file.read_bytes() if other.tokenizer_file else None) != tokenizer \
-                or other.draft.vocab_size != gen.target.spec.vocab_size:
+                or other.draft.output_vocab != gen.target.spec.vocab_size:
             ap.error(f"{root} does not share {args.base}'s tokenizer and vocabulary")
         lm = CausalLM(other.draft, str(other.file(other.draft.path)), thread_pool="shared")
         source = gen.target if base_drafter.source is not None and lm.can_share(gen.target) else None
-        twin = gen.sibling("model")
-        twin.drafter = SpeculativeGenerator._model_drafter("model", lm, base_drafter.window, source)
+        twin = gen.sibling(args.drafter)
+        twin.drafter = SpeculativeGenerator._model_drafter(args.drafter, lm, base_drafter.window, source)
         gens[f"{n} {root}"] = twin
     sampling = {"do_sample": False} if args.greedy else {
         "do_sample": True if args.sample else None, "temperature": args.temperature, "top_k": args.top_k,
@@ -76,7 +79,7 @@ def main() -> int:
         print(f"[draft_ab] prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     width = max(len(n) for n in names)
     print(f"{'draft of':{width}s}  total s  tok/s  ttft ms  tok/round  acceptance   "
-          f"({len(prompts)} prompts, {args.max_new_tokens} new tokens, gamma {gamma}, "
+          f"({len(prompts)} prompts, {args.max_new_tokens} new tokens, {args.drafter} drafter, gamma {gamma}, "
           f"{'greedy' if args.greedy else 'sampled'})")
     for name in names:
         v = runs[name]

@@ -61,15 +61,21 @@ def _round(target, draft, context: list[int], k: int) -> tuple[float, float]:
     return (t1 - t0) / (k - 1), time.perf_counter() - t1
 
 
+def _minima(rounds: dict, n: int | None = None) -> tuple[list, float]:
+    """Over the first ``n`` repetitions (all: None): each pass size's fastest target pass, and the draft step
+    (the median over pass sizes of their fastest mean steps)."""
+    fastest = [min(t for _, t in series[:n]) for series in rounds.values()]
+    return fastest, float(np.median([min(d for d, _ in series[:n]) for series in rounds.values()]))
+
+
 def _settled(rounds: dict, settle: float) -> bool:
-    """True when the latest repetition lowered no pass size's fastest time, nor the draft step (the median over
-    pass sizes of their fastest mean steps), by more than ``settle``: the minima have stopped moving."""
-    def minima(n):  # each pass size's fastest target pass and the draft step, over the first n repetitions
-        fastest = {k: min(r[1] for r in series[:n]) for k, series in rounds.items()}
-        return fastest, float(np.median([min(r[0] for r in series[:n]) for series in rounds.values()]))
+    """True when the latest repetition lowered no pass size's fastest time, nor the draft step, by more than
+    ``settle``: the minima have stopped moving."""
     n = len(next(iter(rounds.values())))
-    (before, draft_before), (now, draft_now) = minima(n - 1), minima(n)
-    return n > 1 and draft_now >= draft_before * (1 - settle) and all(now[k] >= before[k] * (1 - settle) for k in now)
+    if n < 2:
+        return False
+    (before, draft_before), (now, draft_now) = _minima(rounds, n - 1), _minima(rounds, n)
+    return all(b * (1 - settle) <= a for a, b in zip(now + [draft_now], before + [draft_before]))
 
 
 def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 5, min_reps: int = 3,
@@ -97,8 +103,8 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
                 rounds[k].append(_round(target, draft, ctx, k))
             if rep + 1 >= min_reps and _settled(rounds, settle):
                 break
-        costs += [min(t for _, t in rounds[k]) for k in rounds]
-        draft_cost = float(np.median([min(d for d, _ in rounds[k]) for k in rounds]))
+        fastest, draft_cost = _minima(rounds)
+        costs += fastest
         repetitions = len(rounds[2])
     out = {"target_costs": costs, "context": context, "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": machine(), "method": "rounds"}

@@ -44,6 +44,7 @@ class GreedyReport:
     near_ties: int = 0
     near_ties_allowed: bool = False   # False: every divergence counts as a mismatch
     divergences: list = field(default_factory=list)
+    answers: list = field(default_factory=list)  # target-only greedy answer per prompt (not in to_dict)
 
     def to_dict(self) -> dict:
         return {"prompts": self.prompts, "runs": self.runs, "mismatches": self.mismatches,
@@ -75,6 +76,7 @@ def greedy_check(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence
     base_bitwise = bitwise if baseline_bitwise is None else baseline_bitwise
     for i, ids in enumerate(prompts):
         want = base.generate(input_ids=ids, bitwise=base_bitwise, **kw).token_ids
+        report.answers.append(want)
         for drafter, gen in gens.items():
             for gamma in gammas:
                 got = gen.generate(input_ids=ids, num_draft_tokens=gamma, bitwise=bitwise, **kw).token_ids
@@ -341,6 +343,41 @@ def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma
     return DistributionResult(adjusted, worst["tv"], worst["tv_bound"], per_prefix * len(prefixes), tests)
 
 
+def control_power(p: np.ndarray, q: np.ndarray) -> float:
+    """How far the negative control's wrong rule moves the first token's distribution away from p, the draft's
+    first token drawn from q: total variation between min(p, q) + (1 - sum min(p, q)) p (a rejection resampled
+    from p) and p (the exact rule). Zero where q = p (nothing rejected) and where the two do not overlap (the
+    residual is p); largest where they partly agree."""
+    m = np.minimum(p, q)
+    return 0.5 * float(np.abs(m - m.sum() * p).sum())
+
+
+def choose_prefixes(gen, prompts: Sequence[list[int]], answers: Sequence[list[int]], sampling: dict, n: int,
+                    depth: int = 8) -> list[dict]:
+    """The n prefixes for the distribution check: among each prompt followed by the first j <= depth tokens of
+    its target-only greedy answer, those where the control's wrong rule differs most from the exact rule
+    (``control_power`` of the target's and the draft model's processed first-token rows). A check whose
+    prefixes all have near one-hot rows under the sampling settings (a peaked instruct model at top-p 0.8)
+    cannot tell a wrong rule apart at any sample size. Without a draft model: the first n prompts."""
+    draft = gen.drafter.lm
+    if draft is None:
+        return [{"prompt": i, "answer_tokens": 0, "ids": list(ids)} for i, ids in enumerate(prompts[:n])]
+    pipe = LogitsPipeline(SamplingConfig(**gen.sampling_settings(**(sampling | {"do_sample": True}))),
+                          gen.vocab_size)
+    found = []
+    for i, (ids, answer) in enumerate(zip(prompts, answers)):
+        extra = [int(t) for t in answer[:depth]]
+        ctx = list(ids) + extra
+        rows = slice(len(ids) - 1, len(ctx))  # the rows that predict each candidate's next token
+        p = pipe.probs(gen.target.reference_logits(ctx)[rows], ids, extra)
+        q = pipe.probs(draft.reference_logits(ctx)[rows], ids, extra)
+        for j in range(len(extra) + 1):
+            found.append({"prompt": i, "answer_tokens": j, "ids": list(ids) + extra[:j],
+                          "control_tv": round(control_power(p[j], q[j]), 6)})
+    found.sort(key=lambda c: -c["control_tv"])  # stable: ties keep the prompts' order
+    return found[:n]
+
+
 def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[int], sampling: dict,
                samples: int = 20_000, seed: int = 0, prefixes: int = 2, ks: Sequence[int] = (1, 2),
                drafter: str | None = None, max_new_tokens: int = 32, alpha: float = 1e-3,
@@ -369,7 +406,8 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     if configure is not None:
         configure(gen)
     gamma = max(gammas)
-    chosen = list(prompts[:prefixes])
+    picked = choose_prefixes(gen, prompts, greedy.answers, sampling, prefixes)
+    chosen = [c.pop("ids") for c in picked]
     say("distribution check")
     dist = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed, alpha)
     say("negative control")
@@ -387,7 +425,7 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
         verdict = "pass"
     return {"verdict": verdict, "bundle": str(bundle_dir), "drafter": drafter, "num_draft_tokens": list(gammas),
             "sampling": sampling, "alpha": alpha, "invariance": invariance, "greedy": greedy.to_dict(),
-            "distribution": dist.to_dict(),
+            "prefixes": picked, "distribution": dist.to_dict(),
             "negative_control": {"p_value": control.p_value, "rejected": rejected, "tv": control.tv,
                                  "verifier": "resamples from p instead of the residual"}}
 
@@ -416,6 +454,9 @@ def format_verify(r: dict) -> str:
         kind = "near-tie" if dv["near_tie"] else "MISMATCH"
         lines.append(f"    {kind}: prompt {dv['prompt_index']} gamma {dv['gamma']} position {dv['position']}: "
                      f"target {dv['target_token']} vs speculative {dv['speculative_token']} (margin {dv['margin']:.2e})")
+    if any("control_tv" in c for c in r.get("prefixes", ())):
+        lines.append("  prefixes: " + ", ".join(f"prompt {c['prompt']} + {c['answer_tokens']} answer tokens "
+                                                f"(wrong rule's TV {c['control_tv']:.3f})" for c in r["prefixes"]))
     lines.append(f"  distribution ({d['samples']} samples, {r['sampling']}): p = {d['p_value']:.3g} "
                  f"(Bonferroni over {len(d['tests'])} tests), TV = {d['tv']:.4f} (sampling bound {d['tv_bound']:.4f})")
     lines.append(f"  negative control ({c['verifier']}): p = {c['p_value']:.3g} -> "

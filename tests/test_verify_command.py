@@ -102,3 +102,39 @@ def test_cli_refuses_bad_settings_before_work(small_bundle, flag):
     proc = cli(small_bundle, *flag)
     assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
     assert "[ortspec verify] greedy" not in proc.stderr
+
+
+def test_control_power_is_the_wrong_rules_total_variation():
+    from ortspec.exactness import control_power
+    p = np.array([0.5, 0.5, 0.0])
+    assert control_power(p, p) == 0.0                                 # nothing is ever rejected
+    assert control_power(p, np.array([0.0, 0.0, 1.0])) == 0.0         # disjoint: the residual is p itself
+    # q = one-hot on 0: accepted half the time; a rejection resamples p, not the residual (all on 1)
+    assert control_power(p, np.array([1.0, 0.0, 0.0])) == 0.25        # [0.75, 0.25] against [0.5, 0.5]
+    assert control_power(np.array([0.2, 0.8]), np.array([0.6, 0.4])) == pytest.approx(0.08)  # [0.28, 0.72]
+
+
+def test_prefixes_are_where_the_wrong_rule_shows_most(small_bundle):
+    """Each chosen prefix's score is the control's power at exactly that prefix (a fresh prefill of it, not a
+    neighbouring row), and no candidate (a prompt plus up to 8 tokens of its greedy answer) scores higher."""
+    from ortspec.config import SamplingConfig
+    from ortspec.exactness import choose_prefixes, control_power, memoized_generator
+    from ortspec.sampling import LogitsPipeline
+    gen = memoized_generator(str(small_bundle), "model")
+    sampling = dict(temperature=0.8, top_k=6, repetition_penalty=1.2)
+    base = gen.sibling("none")
+    answers = [base.generate(input_ids=ids, max_new_tokens=10, do_sample=False).token_ids for ids in PROMPTS]
+    picked = choose_prefixes(gen, PROMPTS, answers, sampling, n=3)
+    assert len(picked) == 3 and [c["control_tv"] for c in picked] == sorted((c["control_tv"] for c in picked),
+                                                                            reverse=True)
+    pipe = LogitsPipeline(SamplingConfig(do_sample=True, **sampling), gen.vocab_size)
+
+    def power(ids):
+        p = pipe.probs(gen.target.reference_logits(ids)[-1:], ids)[0]
+        q = pipe.probs(gen.drafter.lm.reference_logits(ids)[-1:], ids)[0]
+        return control_power(p, q)
+    for c in picked:
+        assert c["ids"] == PROMPTS[c["prompt"]] + answers[c["prompt"]][:c["answer_tokens"]]
+        assert c["control_tv"] == pytest.approx(power(c["ids"]), abs=1e-5)
+    best = max(power(PROMPTS[i] + answers[i][:j]) for i in range(len(PROMPTS)) for j in range(9))
+    assert picked[0]["control_tv"] == pytest.approx(best, abs=1e-5) and best > 0

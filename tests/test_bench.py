@@ -195,8 +195,8 @@ def test_host_share_tool_compares_two_releases_in_one_process(pair_bundle, first
 
 def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_bundle, ids_bundle, workdir,
                                                      hf_models):
-    """tools/draft_ab.py: the same draft loaded twice gives the same rounds (only the draft is swapped in), alone
-    or in the hybrid drafter; a draft over part of the vocabulary is taken; a bundle of another vocabulary, or
+    """tools/draft_ab.py: the same draft loaded twice gives the same rounds (only the draft is swapped in); the
+    hybrid drafter runs each; a draft over part of the vocabulary is taken; a bundle of another vocabulary, or
     one without a draft, is refused."""
     from conftest import _export
     tool = Path(__file__).resolve().parents[1] / "tools" / "draft_ab.py"
@@ -210,7 +210,10 @@ def test_draft_ab_tool_runs_each_draft_over_one_target(llama_bundle, small_self_
     assert sampled.returncode == 0 and "sampled" in sampled.stdout, sampled.stderr
     hybrid = run(llama_bundle, llama_bundle, "--drafter", "hybrid", "--limit", "2", "--max-new-tokens", "12", "--greedy")
     rows = [line.split() for line in hybrid.stdout.splitlines()[1:3]]
-    assert hybrid.returncode == 0 and "hybrid drafter" in hybrid.stdout and rows[0][5:] == rows[1][5:], hybrid.stderr
+    # (the hybrid chooses lookups or the model by the pass costs it times as it goes, so its rounds follow the
+    # machine's timing: both drafts ran, not necessarily the same rounds)
+    assert hybrid.returncode == 0 and "hybrid drafter" in hybrid.stdout, hybrid.stderr
+    assert len(rows) == 2 and all(float(r[-2]) >= 1 and 0 <= float(r[-1]) <= 1 for r in rows), hybrid.stdout
     subset = _export(target=str(hf_models["llama"]), draft=str(hf_models["llama"]), draft_quant="int4", draft_vocab=100,
                      out=workdir / "b_llama_subset")  # a draft whose logits cover ids 0..99 of 128
     proc = run(llama_bundle, subset, "--limit", "1", "--max-new-tokens", "8", "--greedy")

@@ -571,3 +571,25 @@ def test_calibration_feeds_ids_inside_a_small_vocabulary(small_bundle):
     gen = SpeculativeGenerator.load(small_bundle)
     prof = calibrate.measure(gen.target, gen.drafter.lm, context=8, max_k=3, reps=1)
     assert len(prof["target_costs"]) == 3 and prof["draft_cost"] > 0
+
+
+def test_a_profile_belongs_to_the_machine_that_timed_it(tmp_path, monkeypatch):
+    """Two machines of the same host name (virtual machines often share one) but another processor, CPU count
+    or onnxruntime: neither reads the other's profile, and both keep theirs in the same file."""
+    import os
+    import onnxruntime as ort
+    from ortspec.control import calibrate
+    from ortspec.control.calibrate import cpu_name, load_profile, profile_key, save_profile
+    assert cpu_name() and cpu_name() in profile_key("cpu") and f"{os.cpu_count()} CPUs" in profile_key("cpu")
+    assert ort.__version__ in profile_key("cpu")
+    mine = {"target_costs": [0.01, 0.012], "method": "rounds"}
+    assert save_profile(tmp_path, "cpu", mine) and load_profile(tmp_path, "cpu")["target_costs"] == [0.01, 0.012]
+    for change in (lambda m: m.setattr(calibrate, "cpu_name", lambda: "another processor"),
+                   lambda m: m.setattr(os, "cpu_count", lambda: 96),
+                   lambda m: m.setattr(ort, "__version__", "0.0.1")):
+        with monkeypatch.context() as m:
+            change(m)
+            assert load_profile(tmp_path, "cpu") is None  # measured again there
+            assert save_profile(tmp_path, "cpu", {"target_costs": [0.05, 0.06], "method": "rounds"})
+            assert load_profile(tmp_path, "cpu")["target_costs"] == [0.05, 0.06]
+    assert load_profile(tmp_path, "cpu")["target_costs"] == [0.01, 0.012]  # still this machine's

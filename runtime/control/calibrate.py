@@ -7,7 +7,7 @@ target-only steps, C_t(k > 1) right after k - 1 draft steps, and C_d as the
 mean step of those draft runs. Each model runs slower right after the other
 (its weights are out of cache), which a model timed in a loop of its own
 misses. Profiles live next to the bundle in ``ortspec-profile.json``, keyed by
-execution provider and host, and seed the "auto" draft-length controller.
+execution provider and machine (``profile_key``), and seed the "auto" draft-length controller.
 """
 from __future__ import annotations
 
@@ -23,7 +23,30 @@ PROFILE_FILE = "ortspec-profile.json"
 
 
 def profile_key(provider: str) -> str:
-    return f"{provider}@{socket.gethostname()}"
+    """Which machine a profile was timed on: provider, host name, processor, CPU count and onnxruntime version
+    (host names alone repeat: every virtual machine may be called the same, and a bundle may be copied)."""
+    import onnxruntime as ort
+    import os
+    return f"{provider}@{socket.gethostname()} [{cpu_name()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}]"
+
+
+def cpu_name() -> str:
+    """The processor as the OS describes it: on Linux its model name with vendor, family and model numbers (a
+    model name may be as vague as "AMD EPYC"), elsewhere what ``platform`` knows."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    if "model name" in fields or "vendor_id" in fields:
+        ident = " ".join(f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields)
+        return " ".join(x for x in (fields.get("vendor_id", ""), fields.get("model name", ""), ident) if x)
+    return platform.processor() or platform.machine() or "unknown processor"
 
 
 def _timed(lm, context: list[int], k: int, reps: int) -> float:
@@ -119,7 +142,7 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
 def machine() -> dict:
     import onnxruntime as ort
     import os
-    return {"host": socket.gethostname(), "platform": platform.platform(), "processor": platform.processor(),
+    return {"host": socket.gethostname(), "platform": platform.platform(), "processor": cpu_name(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__}
 
 

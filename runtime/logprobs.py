@@ -15,7 +15,8 @@ MAX_TOP = 20  # alternatives per token, as OpenAI allows
 @dataclass(frozen=True)
 class TokenLogprob:
     """A committed token's log-probability and the ``top`` most likely tokens of its position, most likely
-    first (ties: the lower id first), as (id, log-probability)."""
+    first (ties, such as the tokens of probability 0 that fill the list past a short nucleus: the larger raw
+    logit first, then the lower id), as (id, log-probability)."""
 
     token_id: int
     logprob: float
@@ -47,8 +48,22 @@ def token_logprob(row: np.ndarray, context: Sequence[int], config: SamplingConfi
         logp = np.log(probs)
     best: tuple = ()
     if top:
-        k = min(top, logp.size)
-        ids = np.argpartition(-logp, k - 1)[:k]
-        ids = ids[np.lexsort((ids, -logp[ids]))]
-        best = tuple((int(i), float(logp[i])) for i in ids)
+        best = tuple((int(i), float(logp[i])) for i in _most_likely(logp, np.asarray(row, dtype=np.float32), top))
     return TokenLogprob(int(token), float(logp[token]), best)
+
+
+def _most_likely(logp: np.ndarray, raw: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` ids of largest ``logp``, most likely first. Among equal values - above all the tokens of
+    probability 0 past top-k, top-p or a constraint, which a short nucleus leaves to fill the list - the model's
+    own order: the larger raw logit first, then the lower id."""
+    k = min(k, logp.size)
+    kth = np.partition(logp, logp.size - k)[logp.size - k]
+    above, tied = np.nonzero(logp > kth)[0], np.nonzero(logp == kth)[0]
+    need = k - above.size
+    if tied.size > need:  # the ties that make the list: by raw logit, the lowest ids at an equal one
+        r = raw[tied]
+        cut = np.partition(r, tied.size - need)[tied.size - need]
+        over = tied[r > cut]
+        tied = np.concatenate([over, tied[r == cut][:need - over.size]])
+    ids = np.concatenate([above, tied])
+    return ids[np.lexsort((ids, -raw[ids], -logp[ids]))]

@@ -63,3 +63,24 @@ def test_stream_events_carry_their_tokens_logprobs(gen):
 def test_bad_logprobs_are_refused(gen, bad):
     with pytest.raises(ValueError, match="logprobs"):
         gen.generate(input_ids=PROMPT, max_new_tokens=4, logprobs=bad)
+
+
+def test_alternatives_past_the_nucleus_are_the_models_next_choices():
+    """A top-k of 2 leaves 2 tokens of nonzero probability: the other 3 of 5 alternatives are the next three by
+    the raw logits (not arbitrary ids of probability 0, such as padding rows); under a constraint that allows one
+    token, the disallowed ones in the model's order; equal logits: the lower id first."""
+    from ortspec.logprobs import token_logprob
+    rng = np.random.default_rng(0)
+    row = rng.standard_normal(50_000).astype(np.float32)
+    order = [int(i) for i in np.argsort(-row, kind="stable")]
+    t = token_logprob(row, [1, 2], SamplingConfig(do_sample=True, top_k=2), order[0], 5)
+    assert [i for i, _ in t.top] == order[:5]
+    assert all(math.isfinite(v) for _, v in t.top[:2]) and all(v == -math.inf for _, v in t.top[2:])
+    allowed = np.zeros(row.size, bool)
+    allowed[order[7]] = True
+    t = token_logprob(row, [1, 2], SamplingConfig(do_sample=True), order[7], 4, allowed=allowed)
+    assert [i for i, _ in t.top] == [order[7]] + order[:3] and t.logprob == 0.0
+    flat = np.zeros(1000, np.float32)
+    flat[[5, 900]] = 1.0
+    t = token_logprob(flat, [1], SamplingConfig(do_sample=False), 5, 4)
+    assert [i for i, _ in t.top] == [5, 900, 0, 1] and t.top[0][1] == t.top[1][1]

@@ -259,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-draft-tokens", default="1,4", help="gammas for the greedy check; the largest is used "
                                                            "for the distribution check (default 1,4)")
     p.add_argument("--samples", type=int, default=20000, help="speculative generations for the distribution test")
-    p.add_argument("--prefixes", type=int, default=2, help="how many fixed prefixes the distribution test samples from (default 2): of the prompts, each followed by up to 8 tokens of its greedy answer, those where a wrong rule would show most")
+    p.add_argument("--prefixes", type=int, default=2,
+                   help="how many fixed prefixes the distribution test samples from (default 2): of the prompts, "
+                        "each followed by up to 8 tokens of its greedy answer, those where a wrong rule would "
+                        "show most")
     p.add_argument("--k", default="1,2", help="lengths of the committed prefix to test, 1 and/or 2 (default 1,2)")
     p.add_argument("--greedy-tokens", type=int, default=32, help="new tokens per greedy comparison (default 32)")
     p.add_argument("--no-chat", action="store_true", help="feed prompts raw instead of through the chat template")

@@ -292,14 +292,19 @@ def memoized_generator(bundle_dir: str, drafter: str, provider: str = "cpu", thr
     return gen
 
 
+def sampled_pipeline(gen, sampling: dict) -> LogitsPipeline:
+    """The rows generate() samples from with these settings (a setting left out: the bundle's, else
+    transformers' default)."""
+    return LogitsPipeline(SamplingConfig(**gen.sampling_settings(**(sampling | {"do_sample": True}))),
+                          gen.vocab_size)
+
+
 def distribution_check(gen, prefixes: Sequence[list[int]], sampling: dict, gamma: int, samples: int,
                        ks: Sequence[int] = (1, 2), seed: int = 0, alpha: float = 1e-3, progress=None) -> DistributionResult:
     """First-K-token distribution of full speculative rounds vs the exact target-only distribution."""
     from .stats import pooled_chi_square, tv_sampling_bound
     k_max = max(ks)
-    # the settings generate() will use (a setting left out: the bundle's, else transformers' default)
-    pipe = LogitsPipeline(SamplingConfig(**gen.sampling_settings(**(sampling | {"do_sample": True}))),
-                          gen.vocab_size)
+    pipe = sampled_pipeline(gen, sampling)
     per_prefix = max(1, samples // len(prefixes))
     tests, p_values = [], []
     for pi, prefix in enumerate(prefixes):
@@ -362,8 +367,7 @@ def choose_prefixes(gen, prompts: Sequence[list[int]], answers: Sequence[list[in
     draft = gen.drafter.lm
     if draft is None:
         return [{"prompt": i, "answer_tokens": 0, "ids": list(ids)} for i, ids in enumerate(prompts[:n])]
-    pipe = LogitsPipeline(SamplingConfig(**gen.sampling_settings(**(sampling | {"do_sample": True}))),
-                          gen.vocab_size)
+    pipe = sampled_pipeline(gen, sampling)
     found = []
     for i, (ids, answer) in enumerate(zip(prompts, answers)):
         extra = [int(t) for t in answer[:depth]]

@@ -11,6 +11,7 @@ execution provider and machine (``profile_key``), and seed the "auto" draft-leng
 """
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import socket
@@ -25,11 +26,11 @@ PROFILE_FILE = "ortspec-profile.json"
 def profile_key(provider: str) -> str:
     """Which machine a profile was timed on: provider, host name, processor, CPU count and onnxruntime version
     (host names alone repeat: every virtual machine may be called the same, and a bundle may be copied)."""
-    import onnxruntime as ort
-    import os
-    return f"{provider}@{socket.gethostname()} [{cpu_name()}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}]"
+    m = _identity()
+    return f"{provider}@{m['host']} [{m['processor']}, {m['cpus']} CPUs, onnxruntime {m['onnxruntime']}]"
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_name() -> str:
     """The processor as the OS describes it: on Linux its model name with vendor, family and model numbers (a
     model name may be as vague as "AMD EPYC"), elsewhere what ``platform`` knows."""
@@ -139,11 +140,16 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
     return out
 
 
-def machine() -> dict:
+def _identity() -> dict:
+    """What tells this machine's pass costs from another's (``profile_key``)."""
     import onnxruntime as ort
     import os
-    return {"host": socket.gethostname(), "platform": platform.platform(), "processor": cpu_name(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__}
+    return {"host": socket.gethostname(), "processor": cpu_name(), "cpus": os.cpu_count(),
+            "onnxruntime": ort.__version__}
+
+
+def machine() -> dict:
+    return dict(_identity(), platform=platform.platform(), python=platform.python_version())
 
 
 def load_profile(bundle_dir: Path, provider: str) -> dict | None:

@@ -66,9 +66,15 @@ def load_source(src: str, trust_remote_code: bool = False) -> Source:
     if tokenizer is not None and not getattr(tokenizer, "is_fast", False):
         raise ExportError(f"{src} has no fast (tokenizer.json) tokenizer; ortspec bundles need one")
     model.eval()
+    # A directory's generation_config.json sets the bundle's EOS ids and sampling defaults: one that cannot be
+    # read is an error, not a silent fall back to other defaults. Without one, the model's own apply.
+    own = Path(where) / "generation_config.json" if info["kind"] == "hf_dir" else None
     try:
         gen = GenerationConfig.from_pretrained(where, **({} if info["kind"] != "gguf" else kwargs))
-    except Exception:
+    except (OSError, ValueError) as exc:  # (transformers reports a missing or an unreadable file as OSError)
+        if own is not None and own.is_file():
+            raise ExportError(f"{own} cannot be read ({str(exc).splitlines()[0]}); fix it, or remove it to export "
+                              "with the model's own generation defaults (EOS ids, sampling settings)") from exc
         gen = getattr(model, "generation_config", None)
     return Source(model, tokenizer, info, gen)
 

@@ -53,8 +53,11 @@ class _Acc:
     timed_tokens: int = 0                         # ... and the tokens they committed
     decode_tokens: int = 0                        # tokens after each request's first, and their time
     decode_s: float = 0.0
+    draft_errors: list = field(default_factory=list)  # why the drafter failed, per run where it did
 
     def add(self, s: Stats, prompt_id: str) -> None:
+        if s.draft_disabled:
+            self.draft_errors.append(s.draft_error)
         self.tokens += s.new_tokens
         self.seconds += s.total_time_s
         self.drafted += s.drafted
@@ -213,7 +216,8 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
                      "ideal_speedup": ideal, "efficiency": decode_total / ideal if ideal else None,
                      "timed_costs_s": None if timed is None else {"target_per_token": timed[0], "passes": timed[1],
                                                                   "draft_step": timed[2]},
-                     "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt})
+                     "time_split": split(a), "latency": latency(a), "per_prompt": a.per_prompt,
+                     "draft_failures": len(a.draft_errors), "draft_error": a.draft_errors[0] if a.draft_errors else None})
     def baseline(a: _Acc, kind: str) -> dict:
         return {"kind": kind, "tokens_per_s": a.tokens / a.seconds if a.seconds else 0.0, "time_split": split(a),
                 "latency": latency(a), "per_prompt": a.per_prompt}
@@ -290,6 +294,10 @@ def format_table(report: dict) -> str:
         mass = " ".join(f"{a:.2f}" for a in r.get("per_position_min_mass") or [])
         lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}"
                      + (f"   (sum min(p, q): {mass})" if mass else ""))
+    for r in report["settings"]:
+        if r.get("draft_failures"):
+            lines.append(f"  DRAFT DISABLED in {r['draft_failures']} run(s) of {r['drafter']} g={r['num_draft_tokens']} "
+                         f"(those runs went on target-only): {r['draft_error']}")
     lines.append("  speedup: tokens/s over the whole request; decode: after the first token (prefill left out); "
                  "ideal: the cost model's decode speedup from the acceptance and the pass costs timed in this run; "
                  "eff: decode speedup over all prompts together / ideal")

@@ -213,13 +213,17 @@ class Bundle:
 
     @property
     def default_drafter(self) -> str:
-        """The drafter of a generation that names none: the manifest's "decoding", else "model"."""
-        return self.decoding.get("drafter", DEFAULT_DRAFTER)
+        """The drafter of a generation that names none: the manifest's "decoding", else "model" (a bundle without
+        a draft model: "prompt_lookup", n-gram lookups sized by the cost model)."""
+        return self.decoding.get("drafter", DEFAULT_DRAFTER if self.draft is not None else "prompt_lookup")
 
     @property
     def default_num_draft_tokens(self) -> int | str:
-        """The draft length of a generation that gives none: the manifest's "decoding", else 4."""
-        return self.decoding.get("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
+        """The draft length of a generation that gives none: the manifest's "decoding", else 4 ("auto" for a
+        bundle without a draft model: its lookups are drafted where the cost model says they pay)."""
+        if "num_draft_tokens" in self.decoding:
+            return self.decoding["num_draft_tokens"]
+        return DEFAULT_NUM_DRAFT_TOKENS if self.draft is not None or "drafter" in self.decoding else "auto"
 
     @property
     def sampling_defaults(self) -> dict:

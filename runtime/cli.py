@@ -6,6 +6,7 @@ traceback (exit 2 for bad arguments, 1 for everything else); --debug shows it.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from . import __version__
@@ -350,9 +351,44 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (ValueError, OrtspecError) as exc:
         if args.debug:
+            _show_causes(exc)
             raise
-        print(f"ortspec {args.command}: error: {exc}", file=sys.stderr)
+        words = _cli_words(str(exc), parser._subparsers._group_actions[0].choices[args.command])  # (argparse keeps
+        # its subcommands there)
+        print(f"ortspec {args.command}: error: {words}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+
+
+def _show_causes(exc: BaseException) -> None:
+    """--debug: a traceback shows the error each re-raised one came from, even where it was raised ``from None``
+    (which keeps a user's one-line message short)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__suppress_context__ = False
+        exc = exc.__cause__ or exc.__context__
+
+
+def _cli_words(message: str, parser: argparse.ArgumentParser) -> str:
+    """An error message in the command's own words: the Python API's argument names that this command takes as
+    flags become those flags (``max_new_tokens`` -> ``--max-new-tokens``, ``drafter='prompt_lookup'`` ->
+    ``--drafter prompt-lookup``, ``do_sample=False`` -> ``--greedy``)."""
+    flags = {}
+    for action in parser._actions:
+        for option in action.option_strings:
+            if option.startswith("--"):
+                flags.setdefault(option[2:].replace("-", "_"), option)
+    if "greedy" in flags:
+        message = message.replace("do_sample=False", "--greedy").replace("do_sample=True", "--sample")
+
+    def named(m: re.Match) -> str:
+        name, value = m.group(1), m.group(3)
+        flag = flags.get(name)
+        if flag is None or (value is None and "_" not in name):  # (a plain word like "prompt" stays a word)
+            return m.group(0)
+        return flag if value is None else f"{flag} {value.replace('_', '-') if name == 'drafter' else value}"
+
+    return re.sub(r"(?<![\w.-])([a-z][a-z0-9_]*)(?:=(['\"]?)([\w.-]+)\2)?(?![\w(])", named, message)
 
 
 # the libraries export drives (and onnxruntime), whose notices and progress bars a command folds into its own

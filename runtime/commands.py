@@ -159,7 +159,8 @@ def cmd_generate(args) -> int:
           f"{stats.tokens_per_s:.1f} tok/s, "
           f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round "
           f"(drafter {gen.drafter.name}, draft tokens {gamma}), "
-          f"stopped on {reason}" + (" (draft disabled)" if stats.draft_disabled else ""), file=sys.stderr)
+          f"stopped on {reason}" + (f"; draft disabled: {stats.draft_error}" if stats.draft_disabled else ""),
+          file=sys.stderr)
     return 0
 
 

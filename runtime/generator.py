@@ -1,9 +1,8 @@
 """SpeculativeGenerator: loading a bundle's models, the public API (generate, stream), and requests checked before any work."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 import os
-import threading
 import time
 from typing import Iterator, Sequence
 import warnings
@@ -16,10 +15,11 @@ from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
 from .control import ProfileMemory
 from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
 from .engine import LOGITS_PLACES, CausalLM, check_thread_pool
-from .errors import BundleError, CacheOverflowError, IncompatibleModelsError
+from .errors import BundleError, CacheOverflowError, DraftFailedWarning, IncompatibleModelsError, OrtspecError
 from .logprobs import check_logprobs
 from .tools import check_tools
 from .loop import DecodeLoop, InvariantError
+from .request import Busy, Request
 from .results import Event, Result, Stats
 from .sampling import Scratch
 from .text import TextCodec
@@ -28,20 +28,6 @@ from .verify import verify_dists
 __all__ = ["SpeculativeGenerator", "Event", "Result", "Stats", "InvariantError", "decoding_vocab", "verify_dists"]
 
 DRAFT_KV = ("auto", "own")  # where a self-draft's keys and values for committed text come from
-
-
-@dataclass(frozen=True)
-class _Request:
-    prompt_ids: list[int]
-    max_new_tokens: int
-    sampling: SamplingConfig
-    speculation: SpeculationConfig
-    eos: frozenset
-    seed: int | None
-    strict: bool
-    text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
-    constraint: Constraint | None = None  # structured output: the mask every row is read through
-    logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives
 
 
 def decoding_vocab(bundle: Bundle, codec: TextCodec | None, drafts_with_model: bool) -> int:
@@ -62,26 +48,33 @@ def decoding_vocab(bundle: Bundle, codec: TextCodec | None, drafts_with_model: b
         raise IncompatibleModelsError(
             f"the draft's logits cover ids 0..{cut - 1} but the target's cover 0..{width - 1} and {known}: the "
             "draft cannot propose every token the target may choose; re-export the pair with drafts of the same "
-            "vocabulary, or load with drafter='prompt_lookup' or 'none'")
+            "vocabulary, or decode with drafter='prompt_lookup' or drafter='none'")
     return width
 
 
 class SpeculativeGenerator:
     """Generates with a bundle's target, drafting with a model, n-grams, or nothing.
 
-    Calls on one generator are serialized by a lock: it may be shared between
-    threads, and concurrent calls run one after another.
+    One generation runs at a time on a generator and its siblings (they share the target): it may be shared
+    between threads, and a call from another thread waits until the running one ends (as long as it takes, or
+    ``wait_timeout`` seconds). A call on the thread whose stream is still open raises GeneratorBusyError at
+    once; a stream releases the generator when it ends, is closed, or is garbage-collected.
+
+    A drafter that fails during a request leaves that request to the target alone (the output stays the
+    target's), which ``Stats.draft_disabled`` and ``Stats.draft_error`` report with a DraftFailedWarning; the
+    next request drafts again.
     """
 
     def __init__(self, bundle: Bundle, target: CausalLM, drafter, codec: TextCodec | None,
-                 draft_disabled: bool = False):
+                 draft_error: str | None = None):
         self.bundle = bundle
         self.target = target
         self.drafter = drafter
         self.codec = codec
-        self.draft_disabled = draft_disabled
+        # why the bundle's draft model could not be loaded (every request then reports it), or None
+        self.draft_error = draft_error
         self.vocab_size = decoding_vocab(bundle, codec, drafter.lm is not None)
-        self._lock = threading.Lock()
+        self._busy = Busy()
         # the stored profile (step costs, acceptance) and what the last auto request learned, for the next one
         self.memory = ProfileMemory(bundle.root, target.provider)
         self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
@@ -103,7 +96,8 @@ class SpeculativeGenerator:
              draft_window: int | None = 512, draft_kv: str = "auto") -> "SpeculativeGenerator":
         """Load a bundle. drafter: "model" (the bundle's draft), "hybrid" (n-gram lookups where they match, the
         draft model otherwise), "prompt_lookup" or "none"; None (default): the bundle's own default (its
-        manifest's "decoding", which a recipe sets), else "model".
+        manifest's "decoding", which a recipe sets), else "model"; a bundle without a draft model drafts by
+        n-gram lookup, sized by the cost model (draft length "auto": target-only where lookups do not pay).
 
         thread_pool: "session" (a thread pool per model, spinning only while that model runs) or "shared"
         (both models on onnxruntime's process-wide pool, as the commands run; about as fast, but onnxruntime
@@ -154,12 +148,12 @@ class SpeculativeGenerator:
                           "even with the CUDA provider; for a GPU, re-export with --draft-quant int4",
                           RuntimeWarning, stacklevel=2)
         if drafter in ("model", "hybrid") and bundle.draft is None:
-            raise BundleError(f"bundle {bundle.root} has no draft model; use drafter='prompt_lookup' or "
-                              "'none', or export with --draft")
+            raise BundleError(f"bundle {bundle.root} has no draft model: decode with drafter='prompt_lookup' or "
+                              "drafter='none', or export the bundle with a draft")
         target = CausalLM(bundle.target, str(bundle.file(bundle.target.path)), provider, threads,
                           thread_pool=thread_pool, logits=logits)
         codec = TextCodec(bundle.tokenizer_file, bundle.tokenizer_config) if bundle.tokenizer_file else None
-        disabled = False
+        failed = None
         if drafter in ("model", "hybrid"):
             try:
                 lm = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
@@ -168,15 +162,15 @@ class SpeculativeGenerator:
                 impl = cls._model_drafter(drafter, lm, draft_window, target if shared else None)
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
-            except Exception as exc:
-                warnings.warn(f"draft model failed to load ({exc}); decoding with the target alone",
-                              RuntimeWarning, stacklevel=2)
-                impl, disabled = NoDrafter(), True
+            except (OrtspecError, OSError, MemoryError, RuntimeError) as exc:  # (onnxruntime's own failures)
+                failed = f"the draft model failed to load ({type(exc).__name__}: {exc})"
+                warnings.warn(f"{failed}; decoding with the target alone", DraftFailedWarning, stacklevel=2)
+                impl = NoDrafter()
         elif drafter == "prompt_lookup":
             impl = PromptLookupDrafter()
         else:
             impl = NoDrafter()
-        return cls(bundle, target, impl, codec, disabled)
+        return cls(bundle, target, impl, codec, failed)
 
     @staticmethod
     def _model_drafter(kind: str, lm: CausalLM, window: int | None = None, source: CausalLM | None = None):
@@ -186,7 +180,8 @@ class SpeculativeGenerator:
     def sibling(self, drafter: str) -> "SpeculativeGenerator":
         """Another generator over the same loaded models (no second copy in memory) with another drafter.
 
-        Share it only within one thread: both use the same target cache.
+        Both use the same target cache and buffers, so they run one generation at a time between them (a call
+        on one while the other's stream is open waits, or on that stream's thread raises GeneratorBusyError).
         """
         drafter = drafter.replace("-", "_")
         if drafter == "none":
@@ -197,8 +192,9 @@ class SpeculativeGenerator:
             impl = self._model_drafter(drafter, self.drafter.lm, self.drafter.window, self.drafter.source)
         else:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
-        twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_disabled)
+        twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_error)
         twin.memory, twin.draft_sampling, twin._scratch = self.memory.sibling(), self.draft_sampling, self._scratch
+        twin._busy = self._busy  # one generation at a time over the shared target and scratch
         twin.record_min_mass, twin._vocabulary = self.record_min_mass, self._vocabulary
         twin.forced_drafts = self.forced_drafts
         return twin
@@ -225,7 +221,7 @@ class SpeculativeGenerator:
     def generate(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, **kwargs) -> Result:
         """Generate and return all new tokens at once (same arguments as stream)."""
         events = self.stream(prompt, input_ids, **kwargs)
-        events._req = replace(events._req, text=False)  # before the first round: no per-round detokenizing
+        events.whole()  # before the first round: no per-round detokenizing
         ids: list[int] = []
         logprobs = [] if events._req.logprobs is not None else None
         for ev in events:
@@ -244,7 +240,7 @@ class SpeculativeGenerator:
                strict: bool = False, chat: bool = False, system: str | None = None,
                messages: Sequence[dict] | None = None, bitwise: bool = True,
                response_format=None, logprobs: int | None = None, tools: Sequence[dict] | None = None,
-               logit_bias: dict | None = None) -> "_Stream":
+               logit_bias: dict | None = None, wait_timeout: float | None = None) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
 
         The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
@@ -269,6 +265,10 @@ class SpeculativeGenerator:
         ``logit_bias`` ({token id: bias in [-100, 100]}) is added to those logits before the other processors (as
         transformers' sequence bias of one-token sequences); rows are then read whole.
 
+        ``wait_timeout``: while another thread's generation runs on this generator (or a sibling), wait at most
+        this many seconds for it, then raise GeneratorBusyError (None: as long as it takes). The wait starts at
+        the stream's first event.
+
         ``tools`` (OpenAI's function definitions) go to the chat template with ``messages``; to make the model
         call one, pass ``response_format=ortspec.tools.call_schema(tools, name)``; to hold its choice of an
         answer or calls, ``ortspec.tools.calls_or_answer(tools)``; read the answer with
@@ -291,6 +291,9 @@ class SpeculativeGenerator:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+        if wait_timeout is not None and (isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float))
+                                         or not wait_timeout >= 0):
+            raise ValueError(f"wait_timeout must be a number of seconds >= 0 or None, got {wait_timeout!r}")
         ids = self.encode_prompt(prompt, input_ids, chat=chat, system=system, messages=messages, tools=tools)
         need = len(ids) + max_new_tokens - 1
         if need > self.target.capacity:
@@ -298,9 +301,9 @@ class SpeculativeGenerator:
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
                 f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
         constraint = None if grammar is None else Constraint(grammar, self._vocabulary, eos, len(ids))
-        request = _Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
-                           constraint=constraint, logprobs=logprobs)
-        return _Stream(self, request)
+        request = Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
+                          constraint=constraint, logprobs=logprobs)
+        return _Stream(self, request, wait_timeout)
 
     def _grammar(self, response_format) -> str | None:
         """The grammar of a request's response format (None without one), checked before any model work."""
@@ -324,22 +327,7 @@ class SpeculativeGenerator:
         return resolve_sampling(self.bundle.sampling_defaults, **given)
 
     # -- the decode loop (loop.py) ---------------------------------------------
-    def _rounds(self, req: _Request, stats: Stats, outcome: list) -> Iterator[Event]:
-        return DecodeLoop(self, req, stats, outcome).rounds()
-
     LAZY_PREFILL = 256  # unfed prompt tokens from which the first round runs without drafts
-
-    def _sync_drafter(self, committed) -> None:
-        try:
-            self.drafter.sync(committed)
-        except Exception as exc:
-            self._disable_draft(exc)
-
-    def _disable_draft(self, exc: Exception) -> None:
-        warnings.warn(f"draft model failed ({type(exc).__name__}: {exc}); continuing with the target alone",
-                      RuntimeWarning, stacklevel=5)
-        self.drafter = NoDrafter()
-        self.draft_disabled = True
 
     # -- helpers --------------------------------------------------------------
     def encode_prompt(self, prompt: str | None = None, input_ids: Sequence[int] | None = None, *,
@@ -388,45 +376,69 @@ class SpeculativeGenerator:
 
 
 class _Stream:
-    """Iterator over a generation's events; holds the generator's lock while it runs."""
+    """Iterator over a generation's events. It runs the generator's models from its first event until it ends, is
+    closed, or is garbage-collected (its rounds hold no reference back to it, so dropping the last one closes
+    it at once)."""
 
-    def __init__(self, gen: SpeculativeGenerator, req: _Request):
-        self._gen, self._req = gen, req
-        self._it = self._run()
-        self.result: tuple[Stats, str] | None = None
+    def __init__(self, gen: SpeculativeGenerator, req: Request, wait_timeout: float | None = None):
+        self._gen, self._req, self._wait = gen, req, wait_timeout
+        self._it: Iterator[Event] | None = None
+        self._box: list = []  # (Stats, finish reason), once the generation is over
 
     @property
     def prompt_ids(self) -> list[int]:
         """The prompt's token ids (after the chat template), as fed to the target."""
         return list(self._req.prompt_ids)
 
+    @property
+    def generator(self) -> SpeculativeGenerator:
+        return self._gen
+
+    @property
+    def result(self) -> tuple[Stats, str] | None:
+        """(Stats, finish reason) once the generation is over ("interrupted" if closed before its end)."""
+        return self._box[0] if self._box else None
+
+    def whole(self) -> None:
+        """Ask for no per-round text (the caller decodes all tokens at the end); before the first event only."""
+        if self._it is not None:
+            raise RuntimeError("whole() must come before the stream's first event")
+        self._req = replace(self._req, text=False)
+
     def __iter__(self):
         return self
 
     def __next__(self) -> Event:
+        if self._it is None:
+            self._it = _run(self._gen, self._req, self._wait, self._box)
         return next(self._it)
 
     def close(self) -> None:
-        self._it.close()
+        if self._it is not None:
+            self._it.close()
 
-    def _run(self) -> Iterator[Event]:
-        gen, req = self._gen, self._req
-        with gen._lock:
-            stats = Stats(draft_disabled=gen.draft_disabled)
-            t_lm = gen.target.run_time_s
-            d_lm = gen.drafter.lm.run_time_s if gen.drafter.lm is not None else 0.0
-            outcome: list = []
-            t0 = time.perf_counter()
-            try:
-                yield from gen._rounds(req, stats, outcome)
-            finally:
-                stats.total_time_s = time.perf_counter() - t0
-                stats.target_time_s = gen.target.run_time_s - t_lm
-                lm = gen.drafter.lm
-                stats.draft_time_s = (lm.run_time_s - d_lm) if lm is not None else 0.0
-                stats.overhead_time_s = max(0.0, stats.total_time_s - stats.target_time_s - stats.draft_time_s)
-                stats.draft_disabled = stats.draft_disabled or gen.draft_disabled
-                self.result = (stats, outcome[0] if outcome else "interrupted")
+
+def _run(gen: SpeculativeGenerator, req: Request, wait: float | None, box: list) -> Iterator[Event]:
+    """A generation's rounds, holding the generator (a function, not a method: a stream dropped by its caller
+    must not be kept alive by its own rounds, or it would never release the generator)."""
+    gen._busy.acquire(wait)
+    try:
+        stats = Stats()
+        t_lm = gen.target.run_time_s
+        lm = gen.drafter.lm
+        d_lm = lm.run_time_s if lm is not None else 0.0
+        outcome: list = []
+        t0 = time.perf_counter()
+        try:
+            yield from DecodeLoop(gen, req, stats, outcome).rounds()
+        finally:
+            stats.total_time_s = time.perf_counter() - t0
+            stats.target_time_s = gen.target.run_time_s - t_lm
+            stats.draft_time_s = (lm.run_time_s - d_lm) if lm is not None else 0.0
+            stats.overhead_time_s = max(0.0, stats.total_time_s - stats.target_time_s - stats.draft_time_s)
+            box.append((stats, outcome[0] if outcome else "interrupted"))
+    finally:
+        gen._busy.release()
 
 
 def _token_id(value) -> int:

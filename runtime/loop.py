@@ -4,13 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 import time
 from typing import TYPE_CHECKING, Iterator
+import warnings
 
 import numpy as np
 
 from .config import SpeculationConfig
 from .control import acceptance_mode, make_controller
-from .drafting import Draft, PromptLookupDrafter, common_prefix
-from .errors import OrtspecError
+from .drafting import Draft, NoDrafter, PromptLookupDrafter, common_prefix
+from .errors import DraftBugWarning, DraftFailedWarning, OrtspecError
 from .logprobs import token_logprob
 from .results import Event, Stats
 from .sampling import Dist, LogitsPipeline, draft_pipeline
@@ -19,7 +20,13 @@ from .text import StreamDecoder
 from .verify import Uniforms, Verdict, greedy_verify
 
 if TYPE_CHECKING:
-    from .generator import SpeculativeGenerator, _Request
+    from .generator import SpeculativeGenerator
+    from .request import Request
+
+# A drafter failing with one of these has a bug (not a model that cannot run): reported as DraftBugWarning, which
+# a test suite turns into an error.
+PROGRAMMING_ERRORS = (TypeError, IndexError, KeyError, AttributeError, AssertionError, NameError, ZeroDivisionError,
+                      NotImplementedError)
 
 
 class InvariantError(OrtspecError):
@@ -56,8 +63,12 @@ class DecodeLoop:
     next token and roll both caches back to the committed boundary, (5) account: statistics, the controller,
     strict checks."""
 
-    def __init__(self, gen: SpeculativeGenerator, req: _Request, stats: Stats, outcome: list):
+    def __init__(self, gen: SpeculativeGenerator, req: Request, stats: Stats, outcome: list):
         self.gen, self.req, self.stats = gen, req, stats
+        # this request's drafter: a failure replaces it for the rest of the request only (the next one drafts again)
+        self.drafter = gen.drafter
+        if gen.draft_error is not None:  # the draft model never loaded: every request says so
+            stats.draft_disabled, stats.draft_error = True, gen.draft_error
         self.outcome = outcome  # the finish reason, once there is one
         self.sampling = req.sampling.do_sample
         self.pipe = LogitsPipeline(req.sampling, gen.vocab_size, gen._scratch)
@@ -81,8 +92,8 @@ class DecodeLoop:
         # copying otherwise).
         reusable = target.canonical_length if req.speculation.bitwise else self.start
         target.rollback(min(common_prefix(target.tokens, self.committed), self.start - 1, reusable))
-        gen._sync_drafter(self.committed)
-        self.draft_lm = gen.drafter.lm
+        self._sync_drafter()
+        self.draft_lm = self.drafter.lm
         room = self.start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1
         for lm, rules in ((target, self.pipe), (self.draft_lm, self.draft_pipe)):
             if lm is not None:
@@ -93,7 +104,7 @@ class DecodeLoop:
         # second round, so the user's wait for the first token is the target's prefill only. A draft reading the
         # target's cache never reads the prompt: it drafts from the second round on, always (whatever the target
         # kept from an earlier call: the draft's state, and so a seeded output, must not depend on it).
-        self.lazy = gen.drafter.source is not None or len(self.committed) - target.length > gen.LAZY_PREFILL
+        self.lazy = self.drafter.source is not None or len(self.committed) - target.length > gen.LAZY_PREFILL
 
     def rounds(self) -> Iterator[Event]:
         while True:
@@ -124,7 +135,7 @@ class DecodeLoop:
         r.paused = not self.lazy and r.gamma == 0 and self.controller.plans
         self.lazy = False
         # a draft far behind reads its context first: that round's times say nothing about a step's cost
-        r.catching_up = bool(r.gamma) and gen.drafter.unread(self.committed) > gen.LAZY_PREFILL
+        r.catching_up = bool(r.gamma) and self.drafter.unread(self.committed) > gen.LAZY_PREFILL
         return r
 
     # 2. propose ---------------------------------------------------------------
@@ -139,8 +150,8 @@ class DecodeLoop:
                     len(forced)
                 self.stats.forced += len(forced)
                 return
-        if gen.drafter.sizes_by_cost:  # the costs as timed online once two pass sizes are, the profile's before
-            gen.drafter.set_costs(controller.live_costs(), controller.draft_cost)
+        if self.drafter.sizes_by_cost:  # the costs as timed online once two pass sizes are, the profile's before
+            self.drafter.set_costs(controller.live_costs(), controller.draft_cost)
         r.draft = self._draft(r)
         if not r.draft.tokens and self.req.speculation.bitwise and r.remaining > 1 and \
                 self.target.capacity > len(self.committed):
@@ -151,22 +162,38 @@ class DecodeLoop:
 
     def _draft(self, r: Round) -> Draft:
         """The drafter's proposal, checked; with gamma 0 none, unless auto paused model drafting and the drafter
-        may still propose lookups then. Any draft failure degrades to target-only decoding."""
+        may still propose lookups then. A draft failure leaves the rest of the request to the target alone."""
         gen = self.gen
-        if r.gamma < 1 and not (r.paused and gen.drafter.drafts_when_paused and r.limit > 0):
+        if r.gamma < 1 and not (r.paused and self.drafter.drafts_when_paused and r.limit > 0):
             return Draft.empty()
         try:
-            draft = gen.drafter.propose(self.committed, r.gamma, self.draft_pipe, self.sampling, self.rng,
+            draft = self.drafter.propose(self.committed, r.gamma, self.draft_pipe, self.sampling, self.rng,
                                         limit=r.limit)
             if len(draft.tokens) > max(r.gamma, r.limit) or any(not 0 <= t < gen.vocab_size for t in draft.tokens):
                 raise ValueError(f"drafter returned invalid tokens {draft.tokens[:8]}")
             if self.sampling and draft.tokens and (draft.dists is None or len(draft.dists) != len(draft.tokens)):
                 raise ValueError("drafter returned no or too few draft distributions")
             return draft
-        except Exception as exc:
-            gen._disable_draft(exc)
-            self.stats.draft_disabled = True
+        except (OrtspecError, ValueError, ArithmeticError, RuntimeError, MemoryError, *PROGRAMMING_ERRORS) as exc:
+            self._drafter_failed(exc)
             return Draft.empty()
+
+    def _sync_drafter(self) -> None:
+        try:
+            self.drafter.sync(self.committed)
+        except (OrtspecError, ValueError, ArithmeticError, RuntimeError, MemoryError, *PROGRAMMING_ERRORS) as exc:
+            self._drafter_failed(exc)
+
+    def _drafter_failed(self, exc: Exception) -> None:
+        """The one failure policy for drafters: the rest of this request decodes with the target alone (output
+        unchanged: no unverified token is ever committed), Stats says so and why, and a warning names it (a
+        DraftBugWarning for a programming error, which a test suite turns into an error). The generator keeps
+        its drafter: the next request drafts again (the draft model's cache is resynchronized then)."""
+        reason = f"{self.drafter.name} drafter failed ({type(exc).__name__}: {exc})"
+        self.stats.draft_disabled, self.stats.draft_error = True, reason
+        self.drafter = NoDrafter()
+        category = DraftBugWarning if isinstance(exc, PROGRAMMING_ERRORS) else DraftFailedWarning
+        warnings.warn(f"{reason}; this request goes on with the target alone", category, stacklevel=2)
 
     # 3. verify ----------------------------------------------------------------
     def verify(self, r: Round) -> None:
@@ -198,7 +225,7 @@ class DecodeLoop:
         r.before = list(self.committed) if self.req.strict else None
         self.committed.extend(r.new)
         self.target.rollback(min(self.target.length, len(self.committed) - 1))
-        self.gen._sync_drafter(self.committed)
+        self._sync_drafter()
 
     def _logprobs(self, r: Round) -> list:
         """The committed tokens' log-probabilities: token j from row j of the pass (its context the committed
@@ -239,7 +266,7 @@ class DecodeLoop:
 
     def _check(self, r: Round) -> None:
         """strict=True: cache lengths, cached tokens, and logits vs a fresh prefill (bit for bit when bitwise)."""
-        committed, t, drafter = r.before + r.new, self.target, self.gen.drafter
+        committed, t, drafter = r.before + r.new, self.target, self.drafter
         bitwise = self.req.speculation.bitwise
         if t.length != len(committed) - 1 or t.tokens != committed[:-1]:
             raise InvariantError(f"target cache holds {t.length} tokens, expected {len(committed) - 1}")

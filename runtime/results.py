@@ -29,7 +29,8 @@ class Stats:
     overhead_time_s: float = 0.0
     total_time_s: float = 0.0
     first_token_s: float = 0.0    # time to the first committed token (prefill included)
-    draft_disabled: bool = False
+    draft_disabled: bool = False  # the drafter failed (or never loaded): the target alone decoded the rest
+    draft_error: str | None = None  # ... and why
     forced: int = 0               # drafts a constraint forced (structured output), proposed without a draft step
     forced_accepted: int = 0      # ... and those the target accepted
     constraint_time_s: float = 0.0  # spent in the constraint's matcher (moving it, making masks)
@@ -94,7 +95,7 @@ class Stats:
             "target_time_s": self.target_time_s, "draft_time_s": self.draft_time_s,
             "overhead_time_s": self.overhead_time_s, "total_time_s": self.total_time_s,
             "first_token_s": self.first_token_s,
-            "draft_disabled": self.draft_disabled,
+            "draft_disabled": self.draft_disabled, "draft_error": self.draft_error,
             "forced": self.forced, "forced_accepted": self.forced_accepted,
             "constraint_time_s": self.constraint_time_s,
         }

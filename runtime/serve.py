@@ -161,10 +161,11 @@ class Engine:
                      "prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens}
         s = outcome.stats
         log.info("%s %s: %d prompt + %d new tokens in %.2f s (first after %.2f s), %.1f tok/s, acceptance %s, "
-                 "%.2f tokens/round, finish %s", ticket.job.kind, ticket.job.id, outcome.prompt_tokens,
+                 "%.2f tokens/round, finish %s%s", ticket.job.kind, ticket.job.id, outcome.prompt_tokens,
                  outcome.completion_tokens, outcome.seconds, s.get("time_to_first_token_s", 0.0),
                  s.get("tokens_per_s", 0.0), f"{s['acceptance_rate']:.0%}" if s.get("drafted") else "-",
-                 s.get("tokens_per_round", 0.0), outcome.finish_reason)
+                 s.get("tokens_per_round", 0.0), outcome.finish_reason,
+                 f"; draft disabled: {s['draft_error']}" if s.get("draft_disabled") else "")
         ticket.put(("done", outcome))
 
     def health(self) -> dict:
@@ -183,12 +184,20 @@ class Engine:
 
 def _stats_field(stats, ticket: Ticket) -> dict:
     """Speculative statistics of one request: the response's "ortspec" field."""
-    return {"drafter": ticket.stream._gen.drafter.name, "rounds": stats.rounds, "drafted": stats.drafted,
+    return {"drafter": ticket.stream.generator.drafter.name, "rounds": stats.rounds, "drafted": stats.drafted,
             "accepted": stats.accepted, "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_round": round(stats.tokens_per_round, 4),
             "mean_draft_tokens": round(stats.drafted / stats.rounds, 4) if stats.rounds else 0.0,
             "tokens_per_s": round(stats.tokens_per_s, 2), "time_to_first_token_s": round(stats.first_token_s, 4),
-            "draft_disabled": stats.draft_disabled}
+            "draft_disabled": stats.draft_disabled, "draft_error": stats.draft_error}
+
+
+def _draft_header(stats: dict) -> dict | None:
+    """A header that says a request's drafter failed (the body's "ortspec" field says it too, with the reason)."""
+    if not stats.get("draft_disabled"):
+        return None
+    reason = " ".join(str(stats.get("draft_error") or "draft disabled").split())
+    return {"x-ortspec-draft-disabled": reason.encode("ascii", "replace").decode("ascii")[:500]}
 
 
 # -- HTTP -------------------------------------------------------------------------------------------------------
@@ -240,9 +249,10 @@ def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAU
             return StreamingResponse(_sse(ticket, engine), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            return JSONResponse(await _collect(ticket, engine, request))
+            body = await _collect(ticket, engine, request)
         except ApiError as exc:
             return error(exc)
+        return JSONResponse(body, headers=_draft_header(body.get("ortspec") or {}))
 
     async def chat(request):
         return await completions(request, "chat")
@@ -322,7 +332,7 @@ async def _collect(ticket: Ticket, engine: Engine, request) -> dict:
             elif kind == "error":
                 raise failed_error(value)
             else:
-                lp = None if entries is None else logprobs_field(ticket.job, entries, ticket.stream._gen.codec, [])
+                lp = None if entries is None else logprobs_field(ticket.job, entries, ticket.stream.generator.codec, [])
                 return response_body(ticket.job, "".join(parts), value, lp)
     finally:
         watcher.cancel()
@@ -357,7 +367,7 @@ async def _sse(ticket: Ticket, engine: Engine):
                 sent += len(value)
                 yield sse_event(stream_chunk(job, value, None))
             elif kind == "logprobs":
-                lp = logprobs_field(job, value, ticket.stream._gen.codec, before, sent)
+                lp = logprobs_field(job, value, ticket.stream.generator.codec, before, sent)
                 yield sse_event(stream_chunk(job, "", None, logprobs=lp))
             elif kind == "error":
                 yield sse_event(failed_error(value).body())

@@ -232,3 +232,26 @@ def test_cli_help_for_every_command():
     for cmd in ("export", "generate", "bench", "verify", "inspect"):
         proc = run_cli(cmd, "--help")
         assert proc.returncode == 0 and "usage: ortspec " + cmd in proc.stdout
+
+
+def test_cli_debug_shows_the_cause_of_a_reraised_error(tmp_path, llama_bundle):
+    """A bundle whose tokenizer cannot be read: one line without --debug, the tokenizer library's own error (the
+    cause the one-line message leaves out) with it."""
+    b = copy_bundle(llama_bundle, tmp_path)
+    (b / "tokenizer.json").write_text("{not json")
+    proc = run_cli("generate", b, "--prompt", "w1 w2")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "re-export" in proc.stderr, proc.stderr
+    proc = run_cli("--debug", "generate", b, "--prompt", "w1 w2")
+    assert "During handling of the above exception" in proc.stderr and "Exception: " in proc.stderr, proc.stderr
+
+
+def test_export_refuses_a_generation_config_it_cannot_read(tmp_path, hf_models):
+    """A malformed generation_config.json would change a bundle's EOS ids and sampling defaults silently."""
+    from ortspec.errors import ExportError
+    from ortspec.export import export_bundle
+    src = tmp_path / "src"
+    shutil.copytree(hf_models["no_tok"], src)
+    (src / "generation_config.json").write_text('{"eos_token_id": [2, ')
+    with pytest.raises(ExportError, match="generation_config.json cannot be read"):
+        export_bundle(target=str(src), out=tmp_path / "b", progress=None)
+    assert not (tmp_path / "b").exists()

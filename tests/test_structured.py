@@ -478,3 +478,13 @@ def test_a_gguf_style_tokenizer_is_read_as_byte_level(bundle):
         allowed = constraint.allowed(PROMPT, ids[:i])
         assert allowed is not None and allowed[t], (i, g.codec.decode([t]))
     assert constraint.complete(PROMPT + ids)
+
+
+def test_constrained_and_free_requests_alternate_without_leaking(bundle):
+    """Constrained and free requests (greedy, sampled, bitwise or not) in turn on one generator and its siblings
+    give the ids of fresh generators."""
+    from test_request_lifecycle import SAMPLED as LIFE_SAMPLED, run_alternating
+    settings = [dict(), dict(response_format={"regex": REGEX}), dict(LIFE_SAMPLED),
+                dict(LIFE_SAMPLED, response_format=SCHEMA), dict(bitwise=False, response_format="json"),
+                dict(LIFE_SAMPLED, top_k=0), dict(response_format=SCHEMA)]
+    run_alternating(bundle, settings, prompt=PROMPT, max_new_tokens=20, threads=1)

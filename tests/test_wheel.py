@@ -18,6 +18,16 @@ def _run(args, cwd, **kw):
     return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, **kw)
 
 
+def _site_dirs() -> list[str]:
+    """This interpreter's site-packages directories (a virtual environment's, or the system's)."""
+    import site
+    import sysconfig
+    found = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    if sys.prefix == sys.base_prefix:  # the system interpreter: its user site too, where pip may install
+        found += site.getsitepackages() + [site.getusersitepackages()]
+    return [d for d in found if d and Path(d).is_dir()]
+
+
 @pytest.fixture(scope="module")
 def wheel_env(tmp_path_factory):
     """(the wheel, the venv's bin directory, a working directory outside the tree)."""
@@ -30,9 +40,15 @@ def wheel_env(tmp_path_factory):
     wheel = next(dist.glob("ortspec-*.whl"))
     assert next(dist.glob("ortspec-*.tar.gz"))
     venv = work / "venv"
-    # the dependencies come from this interpreter's site-packages; ortspec itself only from the wheel
-    assert _run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=work).returncode == 0
+    assert _run([sys.executable, "-m", "venv", venv], cwd=work).returncode == 0
     bin_dir = venv / "bin"
+    # The dependencies come from the site-packages of the interpreter running the tests (a virtual environment's
+    # own, where the project was installed into one: `--system-site-packages` would see only the base
+    # interpreter's); ortspec itself only from the wheel. A path line in a .pth file adds the directory without
+    # running the .pth files inside it, so an editable install of the tree stays out of the new environment.
+    site = _run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=work)
+    (Path(site.stdout.strip()) / "_ortspec_test_dependencies.pth").write_text(
+        "\n".join(dict.fromkeys(_site_dirs())) + "\n")
     got = _run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", wheel],
                cwd=work)
     assert got.returncode == 0, got.stderr[-2000:]

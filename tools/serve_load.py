@@ -28,34 +28,18 @@ import http.client
 import json
 from pathlib import Path
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 from ortspec.shipped import DEV_PROMPTS, shipped
+from serve_soak import pct, start_server  # (this file's directory is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
 FOLLOW_UPS = ["Thanks. Now make it shorter.", "Explain the second step in more detail.",
               "Rewrite that with comments.", "What are the edge cases?"]
-
-
-def start_server(bundle: str, extra: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    code = "from ortspec.cli import main; raise SystemExit(main())"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", bundle, "--host", "127.0.0.1", "--port", "0",
-                             *extra], stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        text = log.read_text()
-        if " on http://" in text:
-            return proc, text.split(" on ", 1)[1].split("/v1", 1)[0]
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit(f"the server did not start:\n{log.read_text()}")
 
 
 def stream_request(url: str, body: dict) -> dict:
@@ -92,11 +76,6 @@ def stream_request(url: str, body: dict) -> dict:
     conn.close()
     return {"status": 200, "text": "".join(text), "tokens": usage.get("completion_tokens", 0),
             "ttft_s": (first or time.perf_counter()) - t0, "total_s": total}
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
 
 
 def main() -> int:

@@ -147,8 +147,10 @@ class StaticCache:
             feed["out"] = key
         lm.execute(b)
         if on_device:
+            # (the graph's own top entries where it has them and this request reads them: an earlier release's
+            # graph has none, and DeviceRows then runs its own TopK)
             top = (slot.top_values[:rows * k].reshape(rows, k), slot.top_cols[:rows * k].reshape(rows, k), k) \
-                if lm.top_k else None
+                if k and lm.top_k else None
             return DeviceRows(lm, value, top=top)[rows - keep:]
         if lm.rows_with_top():  # the graph's top entries of each row beside the rows
             return TopRows(lm, slot, rows, k, start=rows - keep)
@@ -255,6 +257,7 @@ class GrowingCache:
         for name in lm.kv_outputs:
             b.bind_output(name, lm.device, 0)
         k = lm.top_width() if spec.top_logits else 0
+        top = None  # (an earlier release's graph has no top entries: DeviceRows then runs its own TopK)
         if k:  # bound last: outputs come back in bind order
             b.bind_cpu_input(spec.top_logits["k"], np.array([k], dtype=np.int64))
             if spec.logits_norm:
@@ -267,7 +270,7 @@ class GrowingCache:
         present = list(out[1:1 + len(lm.kv_outputs)])
         if lazy:
             if lm.logits_on_device:
-                device = DeviceRows(lm, out[0], top=top if lm.top_k else None)
+                device = DeviceRows(lm, out[0], top=top if k and lm.top_k else None)
                 return device[len(device) - keep:], present
             host = out[0].numpy()[0].astype(np.float32).ravel()
             return TopRows(lm, HostSlot(host, slot.top_values, slot.top_cols, slot.norms), rows, k,

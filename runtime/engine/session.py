@@ -21,11 +21,13 @@ def _shared_pool(threads: int | None) -> None:
     """Create onnxruntime's process-wide intra-op pool on first use (later sizes are ignored)."""
     global _shared_pool_threads
     if _shared_pool_threads is None:
+        from onnxruntime.capi import _pybind_state
         try:
-            from onnxruntime.capi import _pybind_state
             _pybind_state.set_global_thread_pool_sizes(int(threads or 0), 1)
-        except Exception:
-            pass  # created already (by another library): sessions simply join it
+        except _pybind_state.Fail as exc:  # onnxruntime's own error type; only "created already" is expected
+            if "already been created" not in str(exc):
+                raise
+            # created already (by another library in this process): sessions simply join it
         _shared_pool_threads = int(threads or 0)
 
 

@@ -248,7 +248,7 @@ class LazyRow:
         got = self._settle(lambda: self._lazy_accepts(token, q, u))
         return self.dist().accepts(token, q, u) if got is None else got
 
-    NEVER = -1  # what an attempt returns when no bounds could settle it (it needs the whole row)
+    NEVER = object()  # what an attempt returns when no bounds could settle it (it needs the whole row)
 
     def _settle(self, attempt):
         """``attempt()`` from the bounds, once more from exact ones where it did not settle and the bounds were

@@ -28,6 +28,36 @@ def _llguidance():
     return llguidance
 
 
+# where a JSON schema nests other schemas: one schema under each of these keys, ...
+_ONE = ("items", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames", "unevaluatedItems")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")          # ... a list of schemas, ...
+_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")  # ... a name -> schema map
+_OPEN = ("additionalProperties", "patternProperties", "unevaluatedProperties")  # keys that say "other keys too"
+
+
+def closed_objects(schema):
+    """A JSON schema read as OpenAI's strict mode reads it, which is how apps write tool parameters: an object that
+    declares ``properties`` and says nothing of other keys admits only those (``additionalProperties: false``),
+    each at most once. Left open, a grammar admits any further key, and any number of them: a small model
+    then writes ``"description": ...`` after ``"description": ...`` until max_tokens. A schema that says
+    otherwise (additionalProperties, patternProperties, unevaluatedProperties) is kept as written."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _ONE or key in _LIST or (key == "additionalProperties" and isinstance(value, dict)):
+            out[key] = closed_objects(value)
+        elif key in _MAP and isinstance(value, dict):
+            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
+        else:
+            out[key] = value
+    if isinstance(out.get("properties"), dict) and not any(k in out for k in _OPEN):
+        out["additionalProperties"] = False
+    return out
+
+
 def grammar_for(response_format) -> str:
     """The llguidance grammar of a response format: a JSON schema (a dict), ``{"json_schema": schema}``,
     ``{"regex": pattern}``, ``{"grammar": text}`` (Lark, or GBNF as llama.cpp writes it: told by "::="),
@@ -46,7 +76,7 @@ def grammar_for(response_format) -> str:
         if not isinstance(value, dict):
             raise ConstraintError(f"a JSON schema must be a dict, got {type(value).__name__}")
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(value))
+            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(closed_objects(value)))
         except (TypeError, ValueError) as exc:
             raise ConstraintError(f"invalid JSON schema: {exc}") from None
     elif not isinstance(value, str) or not value:

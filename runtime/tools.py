@@ -5,6 +5,8 @@ import json
 import re
 import uuid
 
+from .constrain import closed_objects
+
 CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)  # Hermes / Qwen2.5 style
 
 
@@ -55,7 +57,8 @@ def call_schema(tools: list[dict], name: str) -> dict:
     key, quote and bracket is forced: free drafts."""
     def one(tool: dict) -> dict:
         fn = tool["function"]
-        return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": fn["parameters"]},
+        return {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                 "arguments": closed_objects(fn["parameters"])},
                 "required": ["name", "arguments"], "additionalProperties": False}
     chosen = [one(t) for t in tools if name == "required" or t["function"]["name"] == name]
     schema = chosen[0] if len(chosen) == 1 else {"anyOf": chosen}
@@ -78,7 +81,7 @@ def calls_or_answer(tools: list[dict], answer: dict | str | None = None) -> dict
                  r"TEXT: /(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/",
                  r"LEAD: /(.|\n)*<tool_call>/ & ~/(.|\n)*<tool_call>(.|\n)+/"]
     else:
-        answer = {"type": "object"} if answer == "json" else answer
+        answer = {"type": "object"} if answer == "json" else closed_objects(answer)
         rules = [f"start: %json {json.dumps(answer)} | \"<tool_call>\" calls"]
     rules += ['calls: NL body NL "</tool_call>" (NL "<tool_call>" NL body NL "</tool_call>")*',
               f"body: %json {json.dumps(call_schema(tools, 'required'))}",

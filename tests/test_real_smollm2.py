@@ -102,3 +102,43 @@ def test_int4_target_same_call_twice(smol_int4_target, dev_prompts, drafter):
     for prompt in dev_prompts[:4]:
         first = gen.generate(prompt=prompt, chat=True, max_new_tokens=48).token_ids
         assert gen.generate(prompt=prompt, chat=True, max_new_tokens=48).token_ids == first
+
+
+# a tool as apps write it: no additionalProperties, one optional property, an enum
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 40},
+                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}]
+
+
+def test_tool_calls_end_with_their_declared_arguments_through_the_official_client(smol, tmp_path):
+    """tool_choice "required" and a named tool, streamed, on the default pair greedy: the call finishes well inside
+    max_tokens with arguments that hold only declared keys, each once (they looped on "description" keys)."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("llguidance")
+    from test_serve import start_server
+    proc, url = start_server(smol, tmp_path / "server.log", "--model-name", "smol")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        messages = [{"role": "user", "content": "What's the weather like in Paris today?"}]
+        res = client.chat.completions.create(model="smol", messages=messages, tools=WEATHER, tool_choice="required",
+                                             temperature=0, max_tokens=200)
+        choice = res.choices[0]
+        assert choice.finish_reason == "tool_calls" and res.usage.completion_tokens < 100, res
+        args = json.loads(choice.message.tool_calls[0].function.arguments)
+        assert set(args) <= {"city", "unit"} and "city" in args, args
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        calls, finish = {}, None
+        for chunk in client.chat.completions.create(model="smol", messages=messages, tools=WEATHER, tool_choice=named,
+                                                    temperature=0, max_tokens=200, stream=True):
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                for call in c.delta.tool_calls or []:
+                    calls.setdefault(call.index, []).append(call.function.arguments or "")
+        assert finish == "tool_calls" and calls, (finish, calls)
+        args = json.loads("".join(calls[0]))
+        assert set(args) <= {"city", "unit"} and "city" in args, args
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

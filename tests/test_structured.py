@@ -488,3 +488,50 @@ def test_constrained_and_free_requests_alternate_without_leaking(bundle):
                 dict(LIFE_SAMPLED, response_format=SCHEMA), dict(bitwise=False, response_format="json"),
                 dict(LIFE_SAMPLED, top_k=0), dict(response_format=SCHEMA)]
     run_alternating(bundle, settings, prompt=PROMPT, max_new_tokens=20, threads=1)
+
+
+def test_objects_admit_only_their_declared_keys_each_once_unless_the_schema_opens_them():
+    """closed_objects: every object that declares properties and says nothing of other keys is closed, at every
+    depth; a schema that opens an object keeps it open; the grammar then refuses an undeclared key."""
+    from ortspec.constrain import closed_objects
+    item = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    schema = {"type": "object", "required": ["a"],
+              "properties": {"a": {"type": "string"}, "list": {"type": "array", "items": item},
+                             "either": {"anyOf": [item, {"type": "null"}]},
+                             "open": {"type": "object", "properties": {"y": {}}, "additionalProperties": True},
+                             "free": {"type": "object"}, "ref": {"$ref": "#/$defs/thing"}},
+              "$defs": {"thing": item}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False and props["either"]["anyOf"][1] == {"type": "null"}
+    assert props["open"]["additionalProperties"] is True and "additionalProperties" not in props["free"]
+    assert closed["$defs"]["thing"]["additionalProperties"] is False
+    assert schema["properties"]["list"]["items"] is item and "additionalProperties" not in item  # not changed in place
+
+
+def test_a_tool_call_grammar_refuses_undeclared_and_repeated_keys(bundle):
+    """Against the bundle's tokenizer: the forced call's grammar takes the declared arguments and refuses an extra
+    key or a repeated one; the same schema left open (the negative control) takes the extra key."""
+    llg = pytest.importorskip("llguidance")
+    import llguidance.hf
+    from transformers import PreTrainedTokenizerFast
+    from ortspec.constrain import grammar_for
+    from ortspec.tools import call_schema
+    fast = PreTrainedTokenizerFast(tokenizer_file=str(bundle / "tokenizer.json"), eos_token="</s>")
+    engine = llguidance.hf.from_tokenizer(fast, n_vocab=V)
+    params = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string", "maxLength": 40}}}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+
+    def takes(grammar, text):
+        m = llg.LLMatcher(engine, grammar)
+        ids = fast.encode(text, add_special_tokens=False)
+        return m.try_consume_tokens(ids) == len(ids) and not m.is_error()
+
+    call = grammar_for(call_schema(tools, "required"))
+    assert takes(call, '{"name":"get_weather","arguments":{"city":"abc"}}')
+    assert not takes(call, '{"name":"get_weather","arguments":{"city":"abc","description":"x"}}')
+    assert not takes(call, '{"name":"get_weather","arguments":{"city":"abc","city":"d"}}')
+    left_open = llg.LLMatcher.grammar_from_json_schema(json.dumps(params))
+    assert takes(left_open, '{"city":"abc","description":"x"}')  # what the grammar admitted before

@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the serve extra)",
                        description="A local OpenAI-compatible server: POST /v1/chat/completions and "
-                                   "/v1/completions (streaming or not), GET /v1/models and /health. Requests run "
+                                   "/v1/completions (streaming or not), GET /v1/models, /health and /metrics (Prometheus). Requests run "
                                    "one at a time on one generator, in arrival order.",
                        epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="bundle directory made by `ortspec export`")

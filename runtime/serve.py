@@ -5,7 +5,7 @@ event loop, then run one at a time, first come first served, on one worker
 thread that owns the generator. Needs the ``serve`` extra (starlette, uvicorn).
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
-GET /v1/models/{id}, GET /health. Errors are OpenAI-style JSON bodies.
+GET /v1/models/{id}, GET /health, GET /metrics (Prometheus). Errors are OpenAI-style JSON bodies.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .config import SpeculationConfig
 from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
+from .metrics import Metrics
 from .tools import calls_or_answer, uses_call_tags
 from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, answer, failed_error, finish_reason_of,
                    logprobs_field, parse_request, response_body, sse_event, stream_chunk, usage_of)
@@ -63,6 +64,7 @@ class Engine:
         self.cancelled = 0
         self.last: dict | None = None
         self.created = int(time.time())
+        self.metrics = Metrics(model_id)
 
     def generator(self, drafter: str | None) -> SpeculativeGenerator:
         name = drafter or self.gen.drafter.name
@@ -104,6 +106,7 @@ class Engine:
         ticket = Ticket(job, stream, loop)
         with self._count_lock:
             if len(self._live) > self.max_queue:  # one running + max_queue waiting
+                self.metrics.rejected()
                 raise ApiError(429, f"the server is busy: {self.max_queue} requests are already waiting "
                                     "(--max-queue); retry later", code="queue_full")
             self._live.add(ticket)
@@ -114,12 +117,14 @@ class Engine:
         try:
             if ticket.cancel.is_set():  # gave up (disconnect, timeout) while waiting
                 ticket.stream.close()
+                self.metrics.finished("cancelled", len(ticket.stream.prompt_ids))
                 self._finish(ticket, Outcome("cancelled", len(ticket.stream.prompt_ids), 0, {}, 0.0))
                 return
             self.running = True
             self._generate(ticket)
         except Exception as exc:  # reported to the client as a 500 without a traceback; logged in full
             log.exception("generation failed")
+            self.metrics.finished("error", len(ticket.stream.prompt_ids))
             ticket.put(("error", exc))
         finally:
             self.running = False
@@ -151,8 +156,9 @@ class Engine:
             if tail:
                 ticket.put(("text", tail))
             reason = "length" if why == "length" else "stop"
-        self._finish(ticket, Outcome(reason, len(stream.prompt_ids), tokens, _stats_field(stats, ticket),
-                                     time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        self.metrics.finished(reason, len(stream.prompt_ids), stats, stream.generator.drafter.name, seconds)
+        self._finish(ticket, Outcome(reason, len(stream.prompt_ids), tokens, _stats_field(stats, ticket), seconds))
 
     def _finish(self, ticket: Ticket, outcome: Outcome) -> None:
         self.served += 1
@@ -167,6 +173,11 @@ class Engine:
                  s.get("tokens_per_round", 0.0), outcome.finish_reason,
                  f"; draft disabled: {s['draft_error']}" if s.get("draft_disabled") else "")
         ticket.put(("done", outcome))
+
+    def metrics_text(self) -> str:
+        """GET /metrics: Prometheus' text format."""
+        running = int(self.running)
+        return self.metrics.text(running, max(0, len(self._live) - running), self.max_queue)
 
     def health(self) -> dict:
         return {"status": "ok", "model": self.model_id, "running": int(self.running),
@@ -206,7 +217,7 @@ def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAU
     """The Starlette application over an Engine."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.routing import Route
 
     def error(exc: ApiError) -> JSONResponse:
@@ -283,6 +294,9 @@ def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAU
     async def health(request):
         return JSONResponse(engine.health())
 
+    async def metrics(request):
+        return PlainTextResponse(engine.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def http_error(request, exc: HTTPException):
         message = {404: f"no such endpoint: {request.method} {request.url.path}",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, exc.detail)
@@ -296,7 +310,8 @@ def create_app(engine: Engine, api_key: str | None = None, max_body: int = DEFAU
               Route("/v1/completions", completion, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
               Route("/v1/models/{name:path}", model, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+              Route("/health", health, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -382,8 +382,12 @@ def finish_reason_of(outcome: Outcome) -> str:
 
 
 def usage_of(outcome: Outcome) -> dict:
+    """OpenAI's usage, and the request's speculation under "speculation" (drafted, accepted, acceptance rate)."""
+    s = outcome.stats
     return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
-            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens}
+            "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+            "speculation": {"drafter": s.get("drafter"), "drafted": s.get("drafted", 0),
+                            "accepted": s.get("accepted", 0), "acceptance_rate": s.get("acceptance_rate", 0.0)}}
 
 
 def envelope(job: Job, choice: dict, chunk: bool, **extra) -> dict:

@@ -531,3 +531,45 @@ def test_mixed_load_from_eight_clients_every_answer_valid(tmp_path_factory):
     assert all(report["by_kind"][k]["ok"] >= 1 for k in KINDS), text
     assert report["admitted"] == report["served"] >= 20, text
     assert report["rss_after_mb"] < report["rss_before_mb"] + 150, text
+
+
+def _metrics(url: str) -> dict:
+    """GET /metrics, parsed by prometheus_client's own parser: {(name, labels without the model): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("content-type").startswith("text/plain")
+    text = resp.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model"))
+            out[s.name, labels] = s.value
+    return out
+
+
+def test_metrics_parse_and_move_as_requests_run(server):
+    before = _metrics(server)
+    c = client(server)
+    res = c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0,
+                                    extra_body={"num_draft_tokens": 3, "drafter": "model"})
+    spec = res.usage.model_extra["speculation"]
+    assert spec["drafter"] == "model" and spec["drafted"] >= spec["accepted"] >= 0
+    assert spec["acceptance_rate"] == res.model_extra["ortspec"]["acceptance_rate"]
+    after = _metrics(server)
+
+    def moved(name, labels=()):
+        return after.get((name, labels), 0) - before.get((name, labels), 0)
+    finish = res.choices[0].finish_reason
+    assert moved("ortspec_requests_total", (("outcome", finish),)) == 1
+    assert moved("ortspec_generated_tokens_total") == res.usage.completion_tokens
+    assert moved("ortspec_prompt_tokens_total") == res.usage.prompt_tokens
+    assert moved("ortspec_target_passes_total") >= 1
+    drafted = sum(v - before.get(k, 0) for k, v in after.items() if k[0] == "ortspec_draft_tokens_total")
+    accepted = sum(v - before.get(k, 0) for k, v in after.items() if k[0] == "ortspec_accepted_tokens_total")
+    assert (drafted, accepted) == (spec["drafted"], spec["accepted"])
+    assert ("ortspec_draft_tokens_total", (("drafter", "model"), ("position", "1"))) in after
+    assert moved("ortspec_request_duration_seconds_count") == 1 and moved("ortspec_time_to_first_token_seconds_count") == 1
+    assert after["ortspec_queue_depth", ()] == 0 and after["ortspec_running_requests", ()] == 0

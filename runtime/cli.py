@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json-object", action="store_true", help="answer with any JSON object")
     g.add_argument("--regex", metavar="PATTERN", help="answer with text this regular expression matches whole")
     g.add_argument("--grammar", metavar="FILE", help="answer in a grammar: Lark, or GBNF as llama.cpp writes it")
+    p.add_argument("--prediction", metavar="FILE",
+                   help="text the answer will mostly repeat (a file being edited): its tokens are drafted where the "
+                        "answer follows it, verified like any draft (the output stays the target's; only the "
+                        "speed changes). The summary counts its tokens accepted and rejected")
     _runtime_flags(p)
 
     p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the serve extra)",

@@ -87,6 +87,15 @@ def _time_for_auto(out) -> None:
               f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
 
 
+def _prediction(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--prediction: cannot read {path} ({exc})") from exc
+
+
 def _response_format(args):
     """The constraint the generate flags ask for (None: free text), compiled once here to fail early."""
     from .constrain import ConstraintError, grammar_for
@@ -140,7 +149,7 @@ def cmd_generate(args) -> int:
                   top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                   seed=args.seed, num_draft_tokens=_gamma(args.num_draft_tokens),
                   eos_token_id=args.eos_token_id, strict=args.strict, chat=args.chat, system=args.system,
-                  response_format=response_format)
+                  response_format=response_format, prediction=_prediction(args.prediction))
     if args.json:
         res = gen.generate(args.prompt, ids, **kwargs)
         print(json.dumps(res.to_dict(), indent=2))
@@ -159,7 +168,9 @@ def cmd_generate(args) -> int:
           f"{stats.tokens_per_s:.1f} tok/s, "
           f"acceptance {stats.acceptance_rate:.0%}, {stats.tokens_per_round:.2f} tokens/round "
           f"(drafter {gen.drafter.name}, draft tokens {gamma}), "
-          f"stopped on {reason}" + (f"; draft disabled: {stats.draft_error}" if stats.draft_disabled else ""),
+          f"stopped on {reason}" + (f"; prediction: {stats.prediction_accepted} tokens accepted, "
+                                    f"{stats.prediction_rejected} rejected" if args.prediction else "")
+          + (f"; draft disabled: {stats.draft_error}" if stats.draft_disabled else ""),
           file=sys.stderr)
     return 0
 

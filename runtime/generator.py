@@ -240,7 +240,8 @@ class SpeculativeGenerator:
                strict: bool = False, chat: bool = False, system: str | None = None,
                messages: Sequence[dict] | None = None, bitwise: bool = True,
                response_format=None, logprobs: int | None = None, tools: Sequence[dict] | None = None,
-               logit_bias: dict | None = None, wait_timeout: float | None = None) -> "_Stream":
+               logit_bias: dict | None = None, wait_timeout: float | None = None,
+               prediction: str | Sequence[int] | None = None) -> "_Stream":
         """Yield Events as tokens are committed. Arguments are checked before any work.
 
         The prompt is one of: ``prompt`` (text; with ``chat=True`` a user turn through the chat template),
@@ -264,6 +265,12 @@ class SpeculativeGenerator:
 
         ``logit_bias`` ({token id: bias in [-100, 100]}) is added to those logits before the other processors (as
         transformers' sequence bias of one-token sequences); rows are then read whole.
+
+        ``prediction`` (OpenAI's Predicted Outputs): text the answer will mostly repeat (a file being edited), or
+        its token ids. Its tokens are proposed as drafts where the answer follows it, in passes as long as the
+        agreement has run, verified like any draft: the output is the target's whatever the prediction says
+        (greedy token for token, sampled in distribution); only the speed changes. ``Stats.prediction_accepted``
+        and ``prediction_rejected`` count its tokens proposed and accepted or rejected.
 
         ``wait_timeout``: while another thread's generation runs on this generator (or a sibling), wait at most
         this many seconds for it, then raise GeneratorBusyError (None: as long as it takes). The wait starts at
@@ -302,8 +309,25 @@ class SpeculativeGenerator:
                 f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
         constraint = None if grammar is None else Constraint(grammar, self._vocabulary, eos, len(ids))
         request = Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
-                          constraint=constraint, logprobs=logprobs)
+                          constraint=constraint, logprobs=logprobs, prediction=self._prediction(prediction))
         return _Stream(self, request, wait_timeout)
+
+    def _prediction(self, prediction) -> tuple[int, ...]:
+        """A predicted output's token ids (text through the tokenizer, without special tokens), checked."""
+        if prediction is None:
+            return ()
+        if isinstance(prediction, str):
+            if self.codec is None:
+                raise ValueError("this bundle has no tokenizer; pass the prediction as token ids")
+            return tuple(self.codec.encode_text(prediction))
+        try:
+            ids = tuple(_token_id(t) for t in prediction)
+        except TypeError:
+            raise ValueError("prediction must be text or a sequence of token ids") from None
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prediction contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        return ids
 
     def _grammar(self, response_format) -> str | None:
         """The grammar of a request's response format (None without one), checked before any model work."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import SpeculationConfig
 from .control import acceptance_mode, make_controller
-from .drafting import Draft, NoDrafter, PromptLookupDrafter, common_prefix
+from .drafting import Draft, NoDrafter, PredictionDrafter, PromptLookupDrafter, common_prefix
 from .errors import DraftBugWarning, DraftFailedWarning, OrtspecError
 from .logprobs import token_logprob
 from .results import Event, Stats
@@ -67,6 +67,8 @@ class DecodeLoop:
         self.gen, self.req, self.stats = gen, req, stats
         # this request's drafter: a failure replaces it for the rest of the request only (the next one drafts again)
         self.drafter = gen.drafter
+        if req.prediction:  # the predicted output first, the generator's drafter where it offers nothing
+            self.drafter = PredictionDrafter(req.prediction, len(req.prompt_ids), gen.drafter)
         if gen.draft_error is not None:  # the draft model never loaded: every request says so
             stats.draft_disabled, stats.draft_error = True, gen.draft_error
         self.outcome = outcome  # the finish reason, once there is one
@@ -80,7 +82,7 @@ class DecodeLoop:
         self.pipe.growing_context = self.draft_pipe.growing_context = True  # ``committed``: one list, only extended
         self.rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
         self.mode = acceptance_mode(req.sampling)
-        self.controller = make_controller(req.speculation, gen, self.mode)
+        self.controller = make_controller(req.speculation, gen, self.mode, self.drafter)
         self.decoder = StreamDecoder(gen.codec if req.text else None)
         self.committed = list(req.prompt_ids)
         self.start, self.started = len(self.committed), time.perf_counter()
@@ -250,6 +252,9 @@ class DecodeLoop:
             stats.first_token_s = time.perf_counter() - self.started
         if r.forced:
             stats.forced_accepted += r.verdict.accepted
+        if r.draft.origin == "prediction":
+            stats.prediction_accepted += accepted
+            stats.prediction_rejected += len(r.draft.tokens) - accepted
         self.controller.update(r.counted or r.forced, accepted, side=r.draft.side or bool(r.forced),
                                prefill=r.catching_up, masses=r.masses)
         if self.req.constraint is not None:

@@ -24,6 +24,7 @@ class Request:
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
     constraint: Constraint | None = None  # structured output: the mask every row is read through
     logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives
+    prediction: tuple[int, ...] = ()  # the predicted output's token ids (OpenAI's Predicted Outputs): free drafts
 
 
 BUSY_HERE = ("a stream on this generator is still open: finish or close() it first (a generator, and its "

@@ -34,6 +34,8 @@ class Stats:
     forced: int = 0               # drafts a constraint forced (structured output), proposed without a draft step
     forced_accepted: int = 0      # ... and those the target accepted
     constraint_time_s: float = 0.0  # spent in the constraint's matcher (moving it, making masks)
+    prediction_accepted: int = 0  # tokens of the request's predicted output proposed and accepted ...
+    prediction_rejected: int = 0  # ... and proposed and rejected (verified, then thrown away)
 
     @property
     def acceptance_rate(self) -> float:
@@ -98,6 +100,7 @@ class Stats:
             "draft_disabled": self.draft_disabled, "draft_error": self.draft_error,
             "forced": self.forced, "forced_accepted": self.forced_accepted,
             "constraint_time_s": self.constraint_time_s,
+            "prediction_accepted": self.prediction_accepted, "prediction_rejected": self.prediction_rejected,
         }
 
 

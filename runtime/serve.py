@@ -200,7 +200,8 @@ def _stats_field(stats, ticket: Ticket) -> dict:
             "tokens_per_round": round(stats.tokens_per_round, 4),
             "mean_draft_tokens": round(stats.drafted / stats.rounds, 4) if stats.rounds else 0.0,
             "tokens_per_s": round(stats.tokens_per_s, 2), "time_to_first_token_s": round(stats.first_token_s, 4),
-            "draft_disabled": stats.draft_disabled, "draft_error": stats.draft_error}
+            "draft_disabled": stats.draft_disabled, "draft_error": stats.draft_error,
+            "prediction_accepted": stats.prediction_accepted, "prediction_rejected": stats.prediction_rejected}
 
 
 def _draft_header(stats: dict) -> dict | None:

@@ -35,6 +35,10 @@ class TextCodec:
         function definitions the template shows the model)."""
         return self.tokenizer.encode(self.render_messages(messages, tools), add_special_tokens=False).ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a piece of text as it would appear inside an answer (no special tokens added)."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 

@@ -20,7 +20,6 @@ UNSUPPORTED = {
     "function_call": "function calls are not supported",
     "suffix": "suffix (insertion) is not supported",
     "audio": "audio output is not supported",
-    "prediction": "predicted outputs are not supported; ortspec speculates on its own",
 }
 
 
@@ -165,6 +164,9 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
     bias = body.get("logit_bias")
     if bias is not None:
         options["logit_bias"] = _logit_bias(bias)
+    prediction = _prediction(body.get("prediction"))
+    if prediction:
+        options["prediction"] = prediction
     logprobs = _logprobs(body, kind)
     if logprobs is not None:
         options["logprobs"] = logprobs
@@ -189,6 +191,26 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         raise ApiError(400, "stream_options must be an object, and only with stream: true", "stream_options")
     include_usage = bool(opts and opts.get("include_usage") is True)
     return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id, tools, tool_mode)
+
+
+def _prediction(value) -> str | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or [{"type": "text", "text": ...}, ...]}
+    (a bare string is taken too); the predicted text, or None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict) or value.get("type") != "content" or "content" not in value:
+        raise ApiError(400, 'prediction must be {"type": "content", "content": text or a list of text parts}',
+                       "prediction")
+    content = value["content"]
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ApiError(400, "prediction.content must be text or a list of {\"type\": \"text\", \"text\": ...} parts",
+                   "prediction")
 
 
 def _tools(body: dict) -> tuple[list | None, str | None]:
@@ -386,6 +408,8 @@ def usage_of(outcome: Outcome) -> dict:
     s = outcome.stats
     return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+            "completion_tokens_details": {"accepted_prediction_tokens": s.get("prediction_accepted", 0),
+                                          "rejected_prediction_tokens": s.get("prediction_rejected", 0)},
             "speculation": {"drafter": s.get("drafter"), "drafted": s.get("drafted", 0),
                             "accepted": s.get("accepted", 0), "acceptance_rate": s.get("acceptance_rate", 0.0)}}
 

@@ -573,3 +573,31 @@ def test_metrics_parse_and_move_as_requests_run(server):
     assert ("ortspec_draft_tokens_total", (("drafter", "model"), ("position", "1"))) in after
     assert moved("ortspec_request_duration_seconds_count") == 1 and moved("ortspec_time_to_first_token_seconds_count") == 1
     assert after["ortspec_queue_depth", ()] == 0 and after["ortspec_running_requests", ()] == 0
+
+
+def test_predicted_outputs_through_the_official_client(server):
+    """OpenAI's `prediction` argument: the answer is the one without it (greedy), and usage counts the predicted
+    tokens accepted and rejected; a prediction as content parts, streamed, gives the same."""
+    c = client(server)
+    kw = dict(model=MODEL, messages=CHAT, max_tokens=40, temperature=0,
+              extra_body={"ignore_eos": True, "drafter": "none"})
+    plain = c.chat.completions.create(**kw)
+    text = plain.choices[0].message.content
+    details = plain.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens == details.rejected_prediction_tokens == 0
+    got = c.chat.completions.create(**kw, prediction={"type": "content", "content": text})
+    assert got.choices[0].message.content == text
+    details = got.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens >= 20 and details.rejected_prediction_tokens == 0, details
+    wrong = " ".join(f"w{i}" for i in range(60, 100))
+    got = c.chat.completions.create(**kw, prediction={"type": "content", "content": wrong})
+    assert got.choices[0].message.content == text
+    parts = [{"type": "text", "text": text[:10]}, {"type": "text", "text": text[10:]}]
+    pieces, usage = [], None
+    for chunk in c.chat.completions.create(**kw, prediction={"type": "content", "content": parts}, stream=True,
+                                           stream_options={"include_usage": True}):
+        pieces += [ch.delta.content or "" for ch in chunk.choices]
+        usage = chunk.usage or usage
+    assert "".join(pieces) == text and usage.completion_tokens_details.accepted_prediction_tokens >= 20
+    with pytest.raises(openai.BadRequestError, match="prediction"):
+        c.chat.completions.create(**kw, prediction={"type": "image", "content": text})

@@ -340,13 +340,14 @@ def acceptance_mode(sampling) -> str:
     return "sampled" if sampling.do_sample else "greedy"
 
 
-def make_controller(speculation: SpeculationConfig, generator, mode: str = "greedy"):
+def make_controller(speculation: SpeculationConfig, generator, mode: str = "greedy", drafter=None):
     """The request's gamma controller. auto starts from the acceptance this generator's last auto request of
     the same mode learned, else the one stored in the bundle's profile, else a neutral guess."""
     auto = speculation.num_draft_tokens == "auto"
-    if not auto and not generator.drafter.sizes_by_cost:
+    drafter = generator.drafter if drafter is None else drafter  # (the request's: a prediction wraps the generator's)
+    if not auto and not drafter.sizes_by_cost:
         return FixedController(int(speculation.num_draft_tokens))
-    lm, memory = generator.drafter.lm, generator.memory
+    lm, memory = drafter.lm, generator.memory
     profile = dict((generator.profile() if auto else memory.stored()) or {})  # auto calibrates once
     if lm is None:
         profile["draft_cost"] = 0.0  # n-gram lookup costs next to nothing

@@ -20,6 +20,7 @@ class Draft:
     tokens: list[int]
     dists: list[Dist] | None  # when sampling: the distribution each token was drawn from, else None
     side: bool = False        # drafted by a source the draft-length controller does not plan (hybrid n-grams)
+    origin: str = ""          # "prediction": taken from the request's predicted output
 
     @staticmethod
     def empty() -> "Draft":

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # a test suite turns into an error.
 PROGRAMMING_ERRORS = (TypeError, IndexError, KeyError, AttributeError, AssertionError, NameError, ZeroDivisionError,
                       NotImplementedError)
+# what a drafter's failure may be (a model that cannot run, a bad proposal, a bug); anything else propagates
+DRAFT_FAILURES = (OrtspecError, ValueError, ArithmeticError, RuntimeError, MemoryError, *PROGRAMMING_ERRORS)
 
 
 class InvariantError(OrtspecError):
@@ -176,14 +178,14 @@ class DecodeLoop:
             if self.sampling and draft.tokens and (draft.dists is None or len(draft.dists) != len(draft.tokens)):
                 raise ValueError("drafter returned no or too few draft distributions")
             return draft
-        except (OrtspecError, ValueError, ArithmeticError, RuntimeError, MemoryError, *PROGRAMMING_ERRORS) as exc:
+        except DRAFT_FAILURES as exc:
             self._drafter_failed(exc)
             return Draft.empty()
 
     def _sync_drafter(self) -> None:
         try:
             self.drafter.sync(self.committed)
-        except (OrtspecError, ValueError, ArithmeticError, RuntimeError, MemoryError, *PROGRAMMING_ERRORS) as exc:
+        except DRAFT_FAILURES as exc:
             self._drafter_failed(exc)
 
     def _drafter_failed(self, exc: Exception) -> None:

@@ -19,6 +19,12 @@ def test_expected_tokens():
 def test_target_cost_extrapolates_linearly():
     assert target_cost([1.0, 1.2], 1) == 1.0
     assert target_cost([1.0, 1.2], 4) == pytest.approx(1.6)
+    # a table timed online, noisy at its end (sizes 2-9 at ~2,000 tokens of context): the slope of the whole
+    # table, 19.6 ms a position, not the last two entries' 29
+    timed = [0.099, 0.099, 0.166, 0.147, 0.223, 0.191, 0.223, 0.231, 0.260]
+    assert target_cost(timed, 61) == pytest.approx(0.260 + 52 * 824 / 42 / 1000, rel=1e-6)
+    assert target_cost([1.0, 2.0, 1.5], 4) == pytest.approx(1.5)  # a falling fit: never cheaper than the last
+
 
 
 def test_speedup_and_best_gamma():

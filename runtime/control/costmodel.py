@@ -30,14 +30,18 @@ def expected_tokens(alphas: Sequence[float], gamma: int) -> float:
 
 
 def target_cost(costs: Sequence[float], k: int) -> float:
-    """C_t(k) from a table costs[k-1]; beyond it, extrapolate linearly from the last two."""
+    """C_t(k) from a table costs[k-1]; beyond it, on from the last entry at the least-squares slope of the sizes
+    from 2 up (of both entries, in a table of two). Long copies (passes of up to 61 positions) read it far past
+    a table of 9, where a slope from the last two entries alone, each timed a few times, was off by 2x."""
     if k < 1:
         raise ValueError("k must be >= 1")
     if k <= len(costs):
         return float(costs[k - 1])
     if len(costs) == 1:
         return float(costs[0])
-    slope = max(0.0, costs[-1] - costs[-2])
+    xs = np.arange(2 if len(costs) > 2 else 1, len(costs) + 1, dtype=np.float64)
+    ys = np.asarray(costs[int(xs[0]) - 1:], dtype=np.float64)
+    slope = max(0.0, float(np.polyfit(xs, ys, 1)[0]))
     return float(costs[-1] + slope * (k - len(costs)))
 
 

@@ -57,7 +57,3 @@ class Busy:
         with self._cond:
             self._owner = None
             self._cond.notify()
-
-    @property
-    def held(self) -> bool:
-        return self._owner is not None

@@ -22,7 +22,9 @@ last ``logits_to_keep`` positions only.
 With ``blocks`` (GGUF weights in block-quantized form, export.gguf_weights),
 those matrices become ``MatMulNBits`` nodes holding the file's own codes and
 scales (and the embedding a ``GatherBlockQuantized``); a format with per-block
-offsets adds the per-block sums of the input times the offsets. Matrices that
+offsets adds the per-block sums of the input times the offsets (a float product
+of their own, or folded into the matrix over the input joined with its block
+sums). Matrices that
 share an input but not a block layout (Q4_K_M mixes Q4_K and Q6_K) run as
 separate nodes whose outputs are concatenated.
 
@@ -133,13 +135,17 @@ def supports(model) -> str | None:
 
 
 def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None = None,
-                accuracy_level: int | dict = 4, head_accuracy_level: int | None = None) -> Path:
+                accuracy_level: int | dict = 4, head_accuracy_level: int | None = None,
+                offsets: str = "float") -> Path:
     """Write out_dir/model.onnx (+ model.onnx.data) for ``model``; returns the graph path.
 
     dtype "fp16" stores weights, activations, KV cache and logits in float16 (for CUDA).
     blocks: Hugging Face weight name -> gguf_weights.BlockWeight for the matrices to keep block-quantized
     (fp32 only); accuracy_level is MatMulNBits' (4: activations quantized to int8 per block of each row; 1:
-    fp32), or a dict of it by the matrices' bits (4 or 8).
+    fp32), or a dict of it by the matrices' bits (4 or 8). offsets: how the per-block offsets of formats with
+    minimums are added: "float" (a float MatMul over the input's block sums, exact to float rounding) or "fold"
+    (gguf_weights.folded: zero points at each minimum's nearest code, the remainders rounded to the matrix's bits
+    as the weights of the block sums, appended to the input: one MatMulNBits, no separate correction).
     """
     import onnx
     import torch
@@ -207,9 +213,40 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
             sums[(x, block)] = f"{x}.sums{block}"
         return sums[(x, block)]
 
+    joined: dict[tuple[str, int], str] = {}
+
+    def with_sums(x: str, cols: int, block: int) -> str:
+        """[x, per-block sums of x padded to whole blocks, the sums again] along the last axis, once per input
+        (the layout of gguf_weights.folded with two parts)."""
+        if (x, block) not in joined:
+            sums = block_sums(x, block)
+            count = cols // block
+            pads = f"fold.pads{count}"
+            if pads not in pad_shapes:
+                pad_shapes.add(pads)
+                inits.append(numpy_helper.from_array(
+                    np.array([0, 0, 0, 0, 0, -(-count // block) * block - count], np.int64), pads))
+            node("Pad", [sums, pads], [f"{sums}.padded"])
+            node("Concat", [x, f"{sums}.padded", sums], [f"{x}.withsums{block}"], axis=-1)
+            joined[(x, block)] = f"{x}.withsums{block}"
+        return joined[(x, block)]
+
+    pad_shapes: set[str] = set()
+
     def nbits(x: str, w, name: str, out: str, level: int | None = None) -> None:
         """out = x @ w.T with w block-quantized (MatMulNBits), plus the offsets' correction where w has them."""
         rows, cols = w.shape
+        if w.offsets is not None and offsets == "fold":
+            from .gguf_weights import folded, folded_width
+            f = folded(w)
+            node("MatMulNBits", [with_sums(x, cols, w.block), init(f"{name}.codes", f.packed(), raw=True),
+                                 init(f"{name}.scales", f.scales.reshape(-1), raw=True),
+                                 init(f"{name}.zeros", f.zero_points().reshape(-1), raw=True)],
+                 [out], domain="com.microsoft", K=folded_width(cols, w.block, 2), N=rows, bits=w.bits,
+                 block_size=w.block,
+                 accuracy_level=level if level is not None else
+                 accuracy_level[w.bits] if isinstance(accuracy_level, dict) else accuracy_level)
+            return
         w = w.centered()  # per-block zero points at the codes' mean: half the activation rounding error
         ins = [x, init(f"{name}.codes", w.packed(), raw=True), init(f"{name}.scales", w.scales.reshape(-1), raw=True)]
         zp = w.zero_points()

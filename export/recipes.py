@@ -52,6 +52,9 @@ def load_recipe(name: str) -> dict:
     try:  # bad defaults are refused before any download
         check_generation(recipe.get("generation"))
         check_decoding(recipe.get("decoding", {}), bool(recipe.get("draft")))
+        if "layout" in recipe["target"]:
+            from .api import split_layout
+            split_layout(recipe["target"]["layout"])
     except ValueError as exc:
         raise ExportError(f"recipe {path}: {exc}") from None
     return recipe
@@ -68,7 +71,8 @@ def resolve_recipe(name: str, cache: Path | None = None, progress=None) -> dict:
     return {"target": str(target), "draft": draft if draft is None or draft == "self" else str(draft),
             "draft_quant": d.get("quant"), "target_quant": recipe["target"].get("quant"),
             "draft_vocab": d.get("vocab"), "generation": recipe.get("generation"), "decoding": recipe.get("decoding"),
-            "dtype": recipe.get("dtype", "fp32")}  # recipes keep float targets unless they say otherwise
+            "dtype": recipe.get("dtype", "fp32"),  # recipes keep float targets unless they say otherwise
+            "gguf_layout": recipe["target"].get("layout")}
 
 
 def obtain(entry: dict, cache: Path, say) -> Path:

@@ -51,7 +51,8 @@ def cmd_export(args) -> int:
     kwargs = dict(target=args.target, draft=args.draft, draft_quant=args.draft_quant,
                   target_quant=args.target_quant, draft_vocab=vars(args).get("draft_vocab", None), generation=None,
                   decoding=None, dtype=vars(args).get("dtype", None),
-                  activations=vars(args).get("activations", "int8"))
+                  activations=vars(args).get("activations", "int8"),
+                  gguf_layout=vars(args).get("gguf_layout"))
     gamma = _gamma(vars(args).get("default_num_draft_tokens"), "--default-num-draft-tokens")
     decoding = {k: v for k, v in (("drafter", vars(args).get("default_drafter")), ("num_draft_tokens", gamma))
                 if v is not None}
@@ -59,6 +60,7 @@ def cmd_export(args) -> int:
         recipe = resolve_recipe(args.recipe)
         kwargs = {k: (kwargs[k] if kwargs[k] is not None else v) for k, v in recipe.items()}
     kwargs["decoding"] = dict(kwargs.get("decoding") or {}, **decoding) or None  # the flags win over a recipe's
+    kwargs["gguf_layout"] = kwargs.get("gguf_layout") or "compact"
     if not kwargs["target"]:
         raise ValueError("pass --target SRC or --recipe NAME")
     out = export_bundle(out=args.out, overwrite=args.overwrite, trust_remote_code=args.trust_remote_code,

@@ -68,6 +68,16 @@ def format_report(r: dict) -> str:
                      f"{m['head_dim']}, vocab {m['vocab_size']}, max positions {m['max_positions']}, "
                      f"{m['dtype']}, quantization {qs}, {m['size_bytes'] / 1e6:.1f} MB")
         lines.append(f"    source: {m['source'].get('kind')} {m['source'].get('ref', '')}")
+        if q and q.get("method") == "gguf":
+            lines.append("    weights: the GGUF file's own, " + (
+                "as it has them (exact layout)" if q.get("layout") == "exact" else
+                f"compact layout ({q.get('layout_detail', '')})" if q.get("layout") == "compact" else "as it has them"))
+        elif q and m["source"].get("kind") == "gguf":
+            lines.append(f"    weights: re-quantized from the GGUF file ({q.get('method')}): a smaller, different model")
+        fid = (q or {}).get("fidelity")
+        if fid:
+            lines.append(f"    fidelity to the source's float model: top-1 {fid['top1'] * 100:.1f}%, KL "
+                         f"{fid['mean_kl']:.4f} ({fid['positions']} tokens of quality.txt, measured at export)")
         if m.get("vocab_subset"):
             sub = m["vocab_subset"]
             spans = ", ".join(f"{a}..{b - 1}" for a, b in sub["ranges"][:4]) + (", ..." if len(sub["ranges"]) > 4 else "")

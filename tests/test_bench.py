@@ -261,3 +261,52 @@ def test_rounds_that_read_a_prompt_time_no_pass(pair_bundle):
             if p is not None:
                 positions, target_s, draft_s = p
                 assert positions == g + 1 and target_s > 0 and (draft_s > 0) == (g > 0)
+
+
+def _tool(name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_llama_perplexity_kl_summary_is_parsed():
+    """tools/fidelity.py reads llama-perplexity's KL summary: same top token, mean KL, the NLL change from the
+    log-ratio of perplexities over the base's log-perplexity; a log without the summary is an error."""
+    import math
+    fidelity = _tool("fidelity")
+    log = ("Mean    PPL(base)            :   5.012345 ±   0.1\n"
+           "Mean    ln(PPL(Q)/PPL(base)) :   0.001611 ±   0.0003\n"
+           "====== KL divergence statistics ======\nMean    KLD:   0.001122 ±   0.000050\n"
+           "Maximum KLD:   0.9\n====== Token probability statistics ======\nSame top p: 98.431 ±  0.224 %\n")
+    got = fidelity.parse_kld(log)
+    assert got["top1"] == pytest.approx(0.98431) and got["mean_kl"] == pytest.approx(0.001122)
+    assert got["nll_change"] == pytest.approx(0.001611 / math.log(5.012345))
+    with pytest.raises(ValueError, match="no KL summary"):
+        fidelity.parse_kld("error: failed to load model")
+
+
+def test_fidelity_report_is_shown_beside_each_row(llama_bundle, tmp_path):
+    """tools/fidelity.py scores a bundle against a reference on windows of a text (the bundle against itself:
+    100% and KL 0; its INT4 self-draft would not be); compare_peers --fidelity prints the ortspec rows with the
+    bundle's numbers, matched by resolved path."""
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{(i * 7) % 120}" for i in range(400)))
+    out = tmp_path / "fid.json"
+    tools = Path(__file__).parents[1] / "tools"
+    proc = subprocess.run([sys.executable, str(tools / "fidelity.py"), "--reference", str(llama_bundle), "--bundle",
+                           str(llama_bundle), "--text", str(text), "--window", "32", "--tokens", "96", "--out",
+                           str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["top1"] == 1.0 and row["mean_kl"] == 0.0 and row["positions"] == 3 * 15
+    assert row["path"] == str(Path(llama_bundle).resolve())
+    peers = tmp_path / "peers.json"
+    proc = subprocess.run([sys.executable, str(tools / "compare_peers.py"), str(llama_bundle), "--peers", "",
+                           "--limit", "1", "--max-new-tokens", "6", "--fidelity", str(out), "--out", str(peers)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "top-1" in proc.stdout and "100.0%" in proc.stdout
+    rows = json.loads(peers.read_text())["summary"]
+    assert rows and all(r["fidelity"] == {"top1": 1.0, "mean_kl": 0.0} for r in rows)

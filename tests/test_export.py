@@ -234,8 +234,18 @@ def test_shipped_recipes_name_methods_export_accepts():
     assert split_method(load_recipe("qwen2.5-coder-int4")["draft"]["quant"]) == ("int4a", 128)
     # its target: searched scales in blocks of 64 (more faithful and cheaper than blocks of 32; "Block size")
     assert split_method(load_recipe("qwen2.5-coder-int4")["target"]["quant"]) == ("int4s", 64)
+    # the file as it is, in the compact layout, with the same draft
+    gguf = load_recipe("qwen2.5-coder-gguf")
+    assert (gguf["target"]["quant"], gguf["target"]["layout"]) == ("gguf", "compact")
+    assert split_method(gguf["draft"]["quant"]) == ("int4a", 128)
+    from ortspec.export.recipes import resolve_recipe
+    from unittest import mock
+    with mock.patch("ortspec.export.recipes.obtain", lambda entry, cache, say: Path("/f") / entry["gguf"]):
+        kwargs = resolve_recipe("qwen2.5-coder-gguf")
+    assert kwargs["gguf_layout"] == "compact" and kwargs["target_quant"] == "gguf"
     # and decodes, when a call does not say, with the fastest setting measured (docs/results.md, "Default decoding")
-    for name in ("qwen2.5-coder-int4", "qwen2.5-coder-int8", "smollm2-135m", "smollm2-135m-int4"):
+    for name in ("qwen2.5-coder-gguf", "qwen2.5-coder-int4", "qwen2.5-coder-int8", "smollm2-135m",
+                 "smollm2-135m-int4"):
         assert load_recipe(name)["decoding"] == {"drafter": "hybrid", "num_draft_tokens": "auto"}, name
     assert load_recipe("qwen2.5-coder")["decoding"] == {"num_draft_tokens": "auto"}
 

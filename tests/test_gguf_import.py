@@ -126,10 +126,17 @@ def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
     bundle, _ = smol_gguf_bundle
     manifest = json.loads((bundle / "ortspec.json").read_text())
     q = manifest["models"]["target"]["quantization"]
-    assert q["method"] == "gguf" and q["types"] == {"Q4_1": 210, "Q8_0": 1}
+    assert q["method"] == "gguf" and q["types"] == {"Q4_1": 210, "Q8_0": 1} and q["layout"] == "compact"
+    # the compact layout: each 4-bit matrix with its minimums folded in (one node); the Q8_0 output layer in
+    # 8-bit blocks of 64 (576 columns)
     assert q["quantized_nodes"]["MatMulNBits"] == 30 * 4 + 1 and q["quantized_nodes"]["GatherBlockQuantized"] == 1
     size = sum(f.stat().st_size for f in (bundle / "target").iterdir())
-    assert size < 160e6  # 4.5-bit body, 8.5-bit embedding: about a quarter of the fp32 graph
+    assert size < 150e6  # 4.5-bit body, 8.5-bit embedding: about a quarter of the fp32 graph
+    fid = q["fidelity"]  # measured at export against the file's float model (PyTorch)
+    assert fid["positions"] == 256 and fid["top1"] > 0.92 and fid["mean_kl"] < 0.008
+    from ortspec.inspect import format_report, inspect_bundle
+    text = format_report(inspect_bundle(str(bundle)))
+    assert "weights: the GGUF file's own, compact layout" in text and "fidelity to the source's float model" in text
     from conftest import REPO
     report = compare_models(str(bundle), str(smol), (REPO / "runtime" / "data" / "quality.txt").read_text(),
                             tokens=200)
@@ -150,6 +157,39 @@ def test_real_file_bundle_is_the_gguf_model(smol_gguf_bundle, smol):
         a = gen.generate(prompt=prompt, max_new_tokens=24, do_sample=False)
         b = ref.generate(prompt=prompt, max_new_tokens=24, do_sample=False)
         assert a.token_ids == b.token_ids  # speculation over the imported target is exact
+
+
+@pytest.mark.slow
+def test_the_exact_layout_holds_the_files_weights_and_the_compact_one_is_as_faithful(smol_gguf_bundle, smol,
+                                                                                    tmp_path):
+    """gguf_layout="exact": every weight the file's to float rounding (the minimums through float products, the
+    Q8_0 output layer in its own blocks of 32). The compact default re-rounds the 8-bit output layer and the
+    minimums to 8-bit grids: against the file's float model (the fp32 export) it is as faithful as the exact
+    layout to within a small margin, and its graph is smaller."""
+    import json
+    import onnx
+    from ortspec.export import export_bundle
+    from ortspec.quality import compare_models
+    from conftest import REPO
+    compact, source = smol_gguf_bundle
+    exact = export_bundle(target=source, out=tmp_path / "smol-exact", gguf_layout="exact", progress=None)
+    q = json.loads((exact / "ortspec.json").read_text())["models"]["target"]["quantization"]
+    assert q["layout"] == "exact" and q["quantized_nodes"]["MatMulNBits"] == 30 * 4 + 1
+    from ortspec.inspect import format_report, inspect_bundle
+    assert "weights: the GGUF file's own, as it has them (exact layout)" in format_report(inspect_bundle(str(exact)))
+    graph = onnx.load(str(exact / "target" / "model.onnx"), load_external_data=False)
+    head = next(n for n in graph.graph.node if n.name == "logits_node")
+    assert {a.name: a.i for a in head.attribute}["block_size"] == 32
+    text = (REPO / "runtime" / "data" / "quality.txt").read_text()
+    r = {name: compare_models(str(b), str(smol), text, tokens=200) for name, b in (("exact", exact),
+                                                                                 ("compact", compact))}
+    assert r["compact"]["mean_kl"] < 1.3 * r["exact"]["mean_kl"] + 1e-4, r
+    assert r["compact"]["top1_agreement"] >= r["exact"]["top1_agreement"] - 0.02, r
+    size = {name: sum(f.stat().st_size for f in (b / "target").iterdir()) for name, b in (("exact", exact),
+                                                                                          ("compact", compact))}
+    assert size["compact"] < size["exact"], size
+    with pytest.raises(ValueError, match="gguf_layout must be"):
+        export_bundle(target=source, out=tmp_path / "bad", gguf_layout="compact:48", progress=None)
 
 
 @pytest.mark.slow
@@ -205,7 +245,9 @@ def test_keeping_a_gguf_files_weights_needs_a_gguf_file(tmp_path):
              ({"target": "t.gguf", "draft": "d.gguf", "draft_quant": "gguf", "draft_vocab": 100}, "pick one"),
              ({"target": "t.gguf", "target_quant": "gguf4"}, "target_quant: unknown quantization 'gguf4'"),
              ({"target": "t.gguf", "target_quant": "int4:48"}, "16, 32, 64, 128 or 256"),
-             ({"target": "t.gguf", "draft": "self", "draft_quant": "int8:64"}, "goes with a MatMulNBits method")]
+             ({"target": "t.gguf", "draft": "self", "draft_quant": "int8:64"}, "goes with a MatMulNBits method"),
+             ({"target": "t.gguf", "gguf_layout": "dense"}, "gguf_layout must be 'compact', 'compact:B'"),
+             ({"target": "t.gguf", "gguf_layout": "exact:64"}, "gguf_layout must be")]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             export_bundle(out=tmp_path / "b", progress=None, **kwargs)
@@ -347,3 +389,80 @@ def test_centered_zero_points_keep_the_weights_and_halve_activation_rounding_err
     exact = x.astype(np.float64) @ ref.astype(np.float64).T
     err = {name: np.sqrt(np.mean((product(v, x, 4) - exact) ** 2)) for name, v in (("zero", w), ("centered", c))}
     assert err["centered"] < 0.7 * err["zero"], err
+
+
+# -- the compact layout ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q8_0", "Q5_0", "Q5_K"])
+def test_8bit_types_re_rounded_to_longer_blocks_move_each_weight_by_at_most_half_a_step(qtype):
+    """requantize8: each weight of the file lands on the nearest point of its block's 8-bit grid (at most half a
+    step away), onnxruntime reads the codes as meant (level 0, unit rows), and the change is small against the
+    weights: Q6_K's 6-bit grid is four times coarser than the 8-bit one."""
+    from ortspec.export.gguf_weights import requantize8
+    raw = random_tensor(qtype, 32, 512, seed=4)
+    w = decode(qtype, raw, 512)
+    exact = w.dequantize()
+    for block in (64, 128):
+        r = requantize8(w, block)
+        assert (r.bits, r.block, r.offsets) == (8, block, None) and r.qtype == f"{qtype}~8:{block}"
+        got = r.dequantize()
+        step = np.repeat(r.scales, block, axis=1)
+        assert np.all(np.abs(got - exact) <= step * (0.5 + 1e-5) + 1e-12)
+        assert np.sum((got - exact) ** 2) < 1e-3 * np.sum(exact.astype(np.float64) ** 2)
+        onnx_sees = _matmul_nbits(r, np.eye(512, dtype=np.float32), level=0).T
+        np.testing.assert_allclose(onnx_sees, got, rtol=1e-6, atol=1e-6 * np.abs(got).max())
+    # negative control: zero points off by one (a plausible slip) break the half-step bound
+    slipped = BlockWeight(r.codes, r.scales, None, 8, r.block, r.qtype, (r.zeros.astype(np.int16) + 1).clip(0, 255)
+                          .astype(np.uint8))
+    assert not np.all(np.abs(slipped.dequantize() - exact) <= step * (0.5 + 1e-5) + 1e-12)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q5_K"])
+def test_minimums_folded_into_one_product_over_the_input_and_its_block_sums(qtype):
+    """folded: each block's zero point is its minimum's nearest whole code and the remainder is the weight of the
+    block sums, appended to the same matrix: with two parts, [x, sums padded to whole blocks, sums] (K not a
+    whole number of blocks: onnxruntime pads the last). MatMulNBits gives x @ W.T with each remainder within half
+    a step of the second part's grid; one part leaves it within half a step of its own, coarser grid; a negative
+    control that drops the remainders (zero points rounded, nothing added) is far off."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    from ortspec.export.gguf_weights import folded, folded_width
+    raw = random_tensor(qtype, 24, 1536, seed=6)
+    w = decode(qtype, raw, 1536)
+    exact = w.dequantize().astype(np.float64)
+    blocks = 1536 // w.block
+    padded = -(-blocks // w.block) * w.block
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 1536)).astype(np.float32)
+    sums = x.reshape(5, blocks, w.block).sum(-1)
+    want = x.astype(np.float64) @ exact.T
+
+    def run(f, joined):
+        k = joined.shape[1]
+        inits = [numpy_helper.from_array(f.packed(), "B"), numpy_helper.from_array(f.scales.reshape(-1), "S"),
+                 numpy_helper.from_array(f.zero_points().reshape(-1), "Z")]
+        node = helper.make_node("MatMulNBits", ["A", "B", "S", "Z"], ["Y"], domain="com.microsoft", K=k, N=24,
+                                bits=w.bits, block_size=w.block, accuracy_level=0)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, k])],
+                                  [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 8
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"A": joined})[0].astype(np.float64)
+
+    err = {}
+    for parts in (1, 2):
+        f = folded(w, parts)
+        k = folded_width(1536, w.block, parts)
+        assert f.offsets is None and f.bits == w.bits and f.shape[1] == 1536 + parts * padded and k == \
+            1536 + (parts - 1) * padded + blocks
+        joined = np.concatenate([x] + [np.pad(sums, ((0, 0), (0, padded - blocks)))] * (parts - 1) + [sums], axis=1)
+        got = run(f, joined)
+        step = np.repeat(f.scales[:, -padded // w.block:], w.block, axis=1)[:, :blocks]  # the last part's grid
+        bound = np.abs(sums).astype(np.float64) @ (0.5 * step.T) + 1e-4 * np.abs(want).max()
+        assert np.all(np.abs(got - want) <= bound), parts
+        err[parts] = np.abs(got - want).max()
+    assert err[2] < 0.25 * err[1], err  # the second part refines the first
+    dropped = x.astype(np.float64) @ (folded(w, 1).dequantize()[:, :1536].astype(np.float64)).T
+    assert np.abs(dropped - want).max() > 10 * err[1]

@@ -142,3 +142,16 @@ def test_tool_calls_end_with_their_declared_arguments_through_the_official_clien
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_a_re_quantized_gguf_target_says_what_it_is_and_how_far_it_moved(smol_int4_target):
+    """A target re-quantized from a GGUF file is a smaller, different model: inspect says so, with the fidelity
+    export measured against the file's float model (PyTorch, 256 tokens of the shipped text) — far from the
+    file's own weights here (4-bit blocks of 32 re-rounded from the file's float model)."""
+    from ortspec.inspect import format_report, inspect_bundle
+    report = inspect_bundle(str(smol_int4_target))
+    fid = report["models"]["target"]["quantization"]["fidelity"]
+    assert fid["positions"] == 256 and 0.3 < fid["top1"] < 0.9 and fid["mean_kl"] > 0.05
+    text = format_report(report)
+    assert "weights: re-quantized from the GGUF file (int4): a smaller, different model" in text
+    assert f"fidelity to the source's float model: top-1 {fid['top1'] * 100:.1f}%" in text

@@ -4,6 +4,7 @@
     python tools/compare_peers.py models/smollm2-135m --max-new-tokens 128 --out peers.json [--plot peers.png]
         [--peers transformers,genai] [--sample]
         [--llama-cpp ~/.cache/llama-cpp/bin --llama-cpp-target t.gguf --llama-cpp-draft d.gguf]
+        [--fidelity fidelity.json]
 
 Per prompt, in one process and rotating order, greedy decoding (or, with --sample, every runtime sampling at
 temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05):
@@ -24,7 +25,10 @@ temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05):
 
 Prints tokens/s per runtime, the median per-prompt ratio against ortspec
 target-only, and (greedy) how many runs produced tokens different from ortspec
-target-only (same graphs should give the same tokens).
+target-only (same graphs should give the same tokens); with llama.cpp, each row's
+rate against llama.cpp's target-only rate; with --fidelity (tools/fidelity.py's
+JSON), each side's top-1 agreement and mean KL against the file's float model on
+the same windows, so that a faster row on a lossier model reads as such.
 """
 from __future__ import annotations
 
@@ -134,6 +138,9 @@ def main() -> int:
     ap.add_argument("--llama-cpp", metavar="BIN_DIR", help="directory with llama-cli and llama-speculative-simple")
     ap.add_argument("--llama-cpp-target", help="the target's GGUF file for llama.cpp")
     ap.add_argument("--llama-cpp-draft", help="the draft's GGUF file for llama.cpp")
+    ap.add_argument("--fidelity", metavar="JSON",
+                    help="tools/fidelity.py's report: each ortspec row is shown with its target's top-1 agreement "
+                         "and mean KL against the file's float model, each llama.cpp row with its file's")
     args = ap.parse_args()
     if args.llama_cpp and not args.llama_cpp_target:
         ap.error("--llama-cpp needs --llama-cpp-target (and --llama-cpp-draft for its speculative run)")
@@ -221,6 +228,13 @@ def main() -> int:
                                 "tokens_per_s": count / got[1], "ids": tokens})
         print(f"prompt {k + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     ref = "ortspec target-only"
+    fidelity = {}
+    if args.fidelity:  # the same measure for both sides: tools/fidelity.py, keyed by resolved path
+        fidelity = {r["path"]: r for r in json.loads(Path(args.fidelity).read_text())["rows"]}
+    sides = {"ortspec": fidelity.get(str(Path(args.bundle).resolve()))}
+    if args.llama_cpp:
+        sides["llama.cpp"] = fidelity.get(str(Path(args.llama_cpp_target).resolve()))
+    alone = "llama.cpp target-only (decode)"
     summary = []
     for n in names:
         if not rows[n]:
@@ -231,11 +245,27 @@ def main() -> int:
         differ = None if sampling or not compared else sum(r["ids"] != h["ids"][:len(r["ids"])] for r, h in compared)
         summary.append({"runtime": n, "tokens_per_s": tps, "ratio_vs_ortspec_target_only": statistics.median(ratios),
                         "min_ratio": min(ratios), "max_ratio": max(ratios), "runs_with_other_tokens": differ})
-    print(f"{'runtime':<34}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}")
+        fid = sides.get(n.split(" ")[0])
+        if fid:
+            summary[-1]["fidelity"] = {"top1": fid["top1"], "mean_kl": fid["mean_kl"]}
+    if rows.get(alone):  # tokens over seconds of all prompts, against llama.cpp's own
+        base_tps = next(s["tokens_per_s"] for s in summary if s["runtime"] == alone)
+        for s in summary:
+            s["ratio_vs_llama_cpp"] = s["tokens_per_s"] / base_tps
+    print(f"{'runtime':<34}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}"
+          + (f"{'x llama.cpp':>13}" if rows.get(alone) else "") + (f"{'top-1':>9}{'KL':>9}" if fidelity else ""))
     for s in summary:
         span = f"{s['ratio_vs_ortspec_target_only']:.2f} ({s['min_ratio']:.2f}-{s['max_ratio']:.2f})"
         other = "-" if s["runs_with_other_tokens"] is None else s["runs_with_other_tokens"]
-        print(f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{other:>14}")
+        line = f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{other:>14}"
+        if "ratio_vs_llama_cpp" in s:
+            line += f"{s['ratio_vs_llama_cpp']:>13.2f}"
+        if fidelity:
+            f = s.get("fidelity")
+            line += f"{f['top1'] * 100:>8.1f}%{f['mean_kl']:>9.4f}" if f else f"{'-':>9}{'-':>9}"
+        print(line)
+    if fidelity:
+        print("top-1 / KL: against the file's float model, long windows (tools/fidelity.py, " + args.fidelity + ")")
     kinds = sorted({item.get("kind") for item in prompts} - {None})
     if len(kinds) > 1:  # the median ratio per prompt kind
         kind_of = {item["id"]: item.get("kind") for item in prompts}
@@ -247,7 +277,7 @@ def main() -> int:
             s_["ratio_by_kind"] = {k: statistics.median(v) for k, v in by.items() if v}
             print(f"{n:<34}" + "".join(f"{s_['ratio_by_kind'].get(k, float('nan')):>10.2f}" for k in kinds))
     report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
-              "sampling": sampling,
+              "sampling": sampling, "llama_cpp_target": args.llama_cpp_target,
               "summary": summary, "per_prompt": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))

@@ -461,7 +461,9 @@ def _gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "i
     levels = ACCURACY_LEVELS[activations]
     path = build_fused(src.model, out_dir, "fp32", blocks=blocks, accuracy_level=levels, head_accuracy_level=4,
                        offsets="fold" if name == "compact" and activations == "int8" else "float")
-    entry = {"method": "gguf", "op": "MatMulNBits", "accuracy_level": {f"{b}-bit": lv for b, lv in levels.items()},
+    # the longest block decides how onnxruntime tiles rows (ModelSpec.row_tile: in pairs from blocks of 64)
+    entry = {"method": "gguf", "op": "MatMulNBits", "block_size": max((w.block for w in blocks.values()), default=32),
+             "accuracy_level": {f"{b}-bit": lv for b, lv in levels.items()},
              "output_layer_accuracy_level": 4, "activations": activations, "types": counts,
              "layout": name, "float_tensors": "norms, biases and any tensor of another type",
              "quantized_nodes": _count_quantized(path)}

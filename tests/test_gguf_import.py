@@ -466,3 +466,27 @@ def test_minimums_folded_into_one_product_over_the_input_and_its_block_sums(qtyp
     assert err[2] < 0.25 * err[1], err  # the second part refines the first
     dropped = x.astype(np.float64) @ (folded(w, 1).dequantize()[:, :1536].astype(np.float64)).T
     assert np.abs(dropped - want).max() > 10 * err[1]
+
+
+def test_a_layout_with_long_blocks_declares_them_so_passes_are_tiled_in_pairs(monkeypatch, tmp_path):
+    """onnxruntime computes rows in pairs where a MatMulNBits has blocks of 64 or more, so the last row of an
+    odd pass takes another path: a compact layout whose Q6_K matrices went to blocks of 128 must say so in the
+    manifest (block_size), which gives its target a row tile of 2 (bitwise passes of even size); the exact
+    layout of the same file (blocks of 16 and 32) keeps the tile of 32. Q4_K/Q6_K weights from random bytes,
+    the graph builder stubbed out."""
+    from types import SimpleNamespace
+    from ortspec.bundle import ModelSpec
+    from ortspec.export import api, fused, gguf_weights, quantize
+    blocks = {"q": decode("Q4_K", random_tensor("Q4_K", 8, 256, seed=7), 256),
+              "v": decode("Q6_K", random_tensor("Q6_K", 8, 256, seed=8), 256)}
+    monkeypatch.setattr(gguf_weights, "read_block_weights", lambda *a, **k: (dict(blocks), {"Q4_K": 1, "Q6_K": 1}))
+    seen = {}
+    monkeypatch.setattr(fused, "build_fused", lambda model, out, dtype, blocks, **kw: seen.update(blocks) or out)
+    monkeypatch.setattr(quantize, "_count_quantized", lambda path: {})
+    src = SimpleNamespace(model=SimpleNamespace(state_dict=dict, config=None), info={"ref": "f.gguf"})
+    tiles = {}
+    for layout in ("compact", "exact"):
+        entry = api._gguf_graph(src, tmp_path, lambda m: None, "int8", layout)
+        tiles[layout] = ModelSpec.row_tile.fget(SimpleNamespace(quantization=entry))
+        assert entry["block_size"] == max(w.block for w in seen.values())
+    assert seen["v"].block == 16 and tiles == {"compact": 2, "exact": 32}

@@ -16,8 +16,6 @@ import sys
 import time
 from typing import Callable
 
-import numpy as np
-
 from ortspec import __version__
 from ortspec.bundle import (FORMAT_VERSION, MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file,
                             write_manifest)
@@ -25,6 +23,7 @@ from ortspec.config import check_decoding, check_generation
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .genai import write_genai_config
+from .gguf_graph import fidelity_to_source, gguf_graph, reference_rows, split_layout
 from .graph import (DATA_SUFFIX, add_top_outputs, choose_graph, export_model, graph_facts, restrict_vocab,
                     subset_ranges)
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
@@ -68,10 +67,11 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
         int8 per block, as llama.cpp's CPU kernels do; fastest) or "fp32" (the 4-bit matrices read float inputs:
         closer to the file's model in float, at 1.3-2.9x the cost per decoding step on a CPU).
     gguf_layout: how a .gguf file's quantized matrices are held when kept: "compact" (default: 4-bit types as
-        the file has them, their minimums added through an 8-bit product; 8-bit types re-rounded to 8-bit codes
-        in blocks of 128, gguf_weights.requantize8 — a pass reads ~15% fewer bytes for a change in the weights
-        far below the file's own rounding) or "exact" (every weight the file's to float rounding; 6-bit
-        Q6_K as 8-bit codes in blocks of 16). "compact:B" re-blocks the 8-bit types to B (16-256).
+        the file has them, their minimums folded into the same product, gguf_weights.folded; Q5/Q6_K
+        re-rounded to 8-bit codes in blocks of 128, gguf_weights.requantize8 — a pass reads ~12% fewer bytes and
+        runs fewer operators, for a change in the weights far below the file's own rounding) or "exact" (every
+        weight the file's to float rounding; Q6_K as 8-bit codes in blocks of 16). "compact:B" re-blocks to B
+        (16-256). None: "compact".
     Returns the bundle path. Raises ExportError / IncompatibleModelsError.
     """
     say = progress or (lambda _m: None)
@@ -298,7 +298,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     target_quant, draft_quant = (None if q == KEEP else q for q in (target_quant, draft_quant))
     if _keeps_blocks(src, dtype, target_quant, kind, say, keep["target"]):
         say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) with the GGUF file's quantized weights")
-        t_quant = _gguf_graph(src, tmp / "target", say, activations, gguf_layout)
+        t_quant = gguf_graph(src, tmp / "target", say, activations, gguf_layout)
         fp32 = None
         if draft == "self":  # the draft re-quantizes the float weights
             fp32 = export_model(src.model, tmp / "target-fp32", kind, "fp32")
@@ -312,7 +312,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     if src.generation_config is not None:
         src.generation_config.save_pretrained(str(tmp))
     # a target that will be rounded (the file's blocks, or re-quantized) is later measured against these
-    reference = _reference_rows(src) if (t_quant or target_quant) and src.tokenizer is not None else None
+    reference = reference_rows(src) if (t_quant or target_quant) and src.tokenizer is not None else None
     del src.model
     gc.collect()
     models = {}
@@ -334,7 +334,7 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             if _keeps_blocks(dsrc, dtype, draft_quant or (draft_vocab and "vocab"), dkind, say, keep["draft"]):
                 say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) with the GGUF file's "
                     "quantized weights")
-                native_quant = _gguf_graph(dsrc, draft_dir, say, activations, gguf_layout)
+                native_quant = gguf_graph(dsrc, draft_dir, say, activations, gguf_layout)
                 draft_graph = draft_dir / "model.onnx"
             else:
                 say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
@@ -372,38 +372,6 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
             "tokenizer": tok_info, "export_versions": _versions()}
 
 
-FIDELITY_TOKENS = 256
-
-
-def _reference_rows(src: Source, tokens: int = FIDELITY_TOKENS) -> tuple[list[int], "np.ndarray"]:
-    """The first ``tokens`` tokens of the shipped quality text and the source's float model's log-probabilities
-    of the next token at each (PyTorch, float32; a GGUF file dequantized: the file's float model)."""
-    import torch
-    from ortspec.quality import _log_softmax
-    from ortspec.shipped import shipped
-    ids = list(src.tokenizer(shipped("quality.txt").read_text())["input_ids"][:tokens])
-    with torch.no_grad():
-        logits = src.model(torch.tensor([ids])).logits[0].float().numpy()
-    return ids, _log_softmax(logits).astype(np.float32)
-
-
-def fidelity_to_source(reference: tuple, root: Path, entry: dict) -> dict:
-    """Top-1 agreement and mean KL(float || graph) of the graph in ``entry`` (a manifest model entry under
-    ``root``) against ``_reference_rows``, teacher-forced, every position scored."""
-    from ortspec.bundle import ModelSpec
-    from ortspec.engine import CausalLM
-    from ortspec.quality import _log_softmax
-    ids, base = reference
-    spec = ModelSpec.from_dict(entry, "target")
-    lm = CausalLM(spec, str(root / spec.path))
-    cand = _log_softmax(lm.forward(ids))
-    del lm
-    base = base.astype(np.float64)
-    kl = float(np.mean(np.sum(np.exp(base) * (base - cand), axis=-1)))
-    return {"reference": "the source's float model (PyTorch)", "text": "ortspec/data/quality.txt",
-            "positions": len(ids), "top1": float(np.mean(cand.argmax(-1) == base.argmax(-1))), "mean_kl": kl}
-
-
 def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progress, asked: bool = False) -> bool:
     """Whether this source's graph keeps its GGUF quantized weights: a .gguf file, no precision asked for
     (dtype None, no re-quantization), and a fused graph to hold them. ``asked``: the caller asked for exactly
@@ -420,58 +388,6 @@ def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progr
 
 
 KEEP = "gguf"  # --target-quant/--draft-quant value: keep the .gguf file's own quantized weights
-
-# MatMulNBits accuracy levels by the matrices' bits: 4 rounds each input row to int8 per block, 1 reads it in fp32.
-# With fp32 inputs onnxruntime's 4-bit kernel costs 1.3-2.9x per decoding step here, its 8-bit one (the 5-, 6-
-# and 8-bit GGUF types) several times more: those keep int8 inputs.
-ACCURACY_LEVELS = {"int8": {4: 4, 8: 4}, "fp32": {4: 1, 8: 4}}
-
-
-GGUF_LAYOUTS = ("compact", "exact")
-
-
-def split_layout(layout: str) -> tuple[str, int]:
-    """``"compact"`` -> ("compact", 128), ``"compact:64"`` -> ("compact", 64), ``"exact"`` -> ("exact", 0);
-    ValueError names what is allowed."""
-    name, _, block = str(layout).partition(":")
-    if name not in GGUF_LAYOUTS or (block and (name == "exact" or not block.isdigit()
-                                               or int(block) not in (16, 32, 64, 128, 256))):
-        raise ValueError(f"gguf_layout must be 'compact', 'compact:B' (B 16, 32, 64, 128 or 256) or 'exact', "
-                         f"got {layout!r}")
-    return name, int(block) if block else (0 if name == "exact" else 128)
-
-
-def _gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "int8",
-                layout: str = "compact") -> dict:
-    """Build the fused graph of a GGUF source with its quantized matrices as the file has them (``layout``
-    "exact") or in the compact layout (``split_layout``); the manifest's quantization entry. With fp32
-    activations the 4-bit matrices read float inputs; the 8-bit ones and the output layer still read int8 (at
-    fp32 the output layer alone would cost several times the rest of a step, and it moves top-1 agreement
-    least)."""
-    from .fused import build_fused
-    from .gguf_weights import compact, read_block_weights
-    from .quantize import _count_quantized
-    name, block8 = split_layout(layout)
-    sd = {k: v.detach().float().numpy() for k, v in src.model.state_dict().items()}
-    blocks, counts = read_block_weights(src.info["ref"], sd, src.model.config)
-    say("GGUF weights checked against the dequantized model: " +
-        ", ".join(f"{n} x {t}" for t, n in sorted(counts.items())))
-    if name != "exact":
-        blocks = compact(blocks, block8)
-    levels = ACCURACY_LEVELS[activations]
-    path = build_fused(src.model, out_dir, "fp32", blocks=blocks, accuracy_level=levels, head_accuracy_level=4,
-                       offsets="fold" if name == "compact" and activations == "int8" else "float")
-    # the longest block decides how onnxruntime tiles rows (ModelSpec.row_tile: in pairs from blocks of 64)
-    entry = {"method": "gguf", "op": "MatMulNBits", "block_size": max((w.block for w in blocks.values()), default=32),
-             "accuracy_level": {f"{b}-bit": lv for b, lv in levels.items()},
-             "output_layer_accuracy_level": 4, "activations": activations, "types": counts,
-             "layout": name, "float_tensors": "norms, biases and any tensor of another type",
-             "quantized_nodes": _count_quantized(path)}
-    if name == "compact":
-        entry["layout_detail"] = (f"8-bit types re-rounded to 8-bit codes in blocks of {block8}; per-block minimums "
-                                  "folded into each product as the weights of the input's block sums")
-    return entry
-
 
 def _save_tokenizer(src: Source, tmp: Path) -> dict:
     src.tokenizer.save_pretrained(str(tmp))

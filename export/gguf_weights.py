@@ -28,8 +28,8 @@ the mean of each block's codes (``BlockWeight.centered``, the offset absorbing
 scale * zero): the same weights to float rounding, and half the error of
 int8-rounded activations.
 
-The ``compact`` layout (the default) reads ~15% fewer bytes a pass and runs fewer
-operators: the 8-bit types are re-rounded to 8-bit codes in blocks of 128
+The ``compact`` layout (the default) reads ~12% fewer bytes a pass and runs fewer
+operators: the 5- and 6-bit types are re-rounded to 8-bit codes in blocks of 128
 (``requantize8``: onnxruntime's faster 8-bit kernel, scales on 1/128 of the
 weights instead of 1/16), and the minimums of the 4-bit types are ``folded`` into
 their matrix as the weights of the input's block sums instead of a float product

@@ -53,7 +53,7 @@ def load_recipe(name: str) -> dict:
         check_generation(recipe.get("generation"))
         check_decoding(recipe.get("decoding", {}), bool(recipe.get("draft")))
         if "layout" in recipe["target"]:
-            from .api import split_layout
+            from .gguf_graph import split_layout
             split_layout(recipe["target"]["layout"])
     except ValueError as exc:
         raise ExportError(f"recipe {path}: {exc}") from None

@@ -476,7 +476,7 @@ def test_a_layout_with_long_blocks_declares_them_so_passes_are_tiled_in_pairs(mo
     the graph builder stubbed out."""
     from types import SimpleNamespace
     from ortspec.bundle import ModelSpec
-    from ortspec.export import api, fused, gguf_weights, quantize
+    from ortspec.export import fused, gguf_graph, gguf_weights, quantize
     blocks = {"q": decode("Q4_K", random_tensor("Q4_K", 8, 256, seed=7), 256),
               "v": decode("Q6_K", random_tensor("Q6_K", 8, 256, seed=8), 256)}
     monkeypatch.setattr(gguf_weights, "read_block_weights", lambda *a, **k: (dict(blocks), {"Q4_K": 1, "Q6_K": 1}))
@@ -486,7 +486,7 @@ def test_a_layout_with_long_blocks_declares_them_so_passes_are_tiled_in_pairs(mo
     src = SimpleNamespace(model=SimpleNamespace(state_dict=dict, config=None), info={"ref": "f.gguf"})
     tiles = {}
     for layout in ("compact", "exact"):
-        entry = api._gguf_graph(src, tmp_path, lambda m: None, "int8", layout)
+        entry = gguf_graph.gguf_graph(src, tmp_path, lambda m: None, "int8", layout)
         tiles[layout] = ModelSpec.row_tile.fget(SimpleNamespace(quantization=entry))
         assert entry["block_size"] == max(w.block for w in seen.values())
     assert seen["v"].block == 16 and tiles == {"compact": 2, "exact": 32}

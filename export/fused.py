@@ -214,6 +214,7 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
         return sums[(x, block)]
 
     joined: dict[tuple[str, int], str] = {}
+    pad_shapes: set[str] = set()
 
     def with_sums(x: str, cols: int, block: int) -> str:
         """[x, per-block sums of x padded to whole blocks, the sums again] along the last axis, once per input
@@ -230,8 +231,6 @@ def build_fused(model, out_dir: Path, dtype: str = "fp32", blocks: dict | None =
             node("Concat", [x, f"{sums}.padded", sums], [f"{x}.withsums{block}"], axis=-1)
             joined[(x, block)] = f"{x}.withsums{block}"
         return joined[(x, block)]
-
-    pad_shapes: set[str] = set()
 
     def nbits(x: str, w, name: str, out: str, level: int | None = None) -> None:
         """out = x @ w.T with w block-quantized (MatMulNBits), plus the offsets' correction where w has them."""

@@ -124,19 +124,14 @@ class BlockWeight:
 
 def requantize8(w: BlockWeight, block: int) -> BlockWeight:
     """``w``'s weights (exactly as the file dequantizes them) rounded to 8-bit codes in blocks of ``block``
-    (``round8``).
+    (``round_codes``).
 
     Lossy, and slightly: the file's 6-bit (Q6_K) or 5-bit codes sit on grids four to eight times coarser, so each
     weight moves by at most half a step of the new grid (Qwen2.5-Coder-1.5B's Q6_K tensors: 0.002-0.004% of the
     weights' energy at blocks of 32-128). Longer blocks cut the scales a pass reads (10 bits per weight at
     Q6_K's blocks of 16, 8.25 at 128) and run onnxruntime's faster 8-bit kernels."""
-    codes, scales, zeros = round8(w.dequantize(), block)
+    codes, scales, zeros = round_codes(w.dequantize(), block, 8)
     return BlockWeight(codes, scales, None, 8, block, f"{w.qtype}~8:{block}", zeros)
-
-
-def round8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``round_codes`` to 8 bits."""
-    return round_codes(x, block, 8)
 
 
 def round_codes(x: np.ndarray, block: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

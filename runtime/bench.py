@@ -306,34 +306,3 @@ def format_table(report: dict) -> str:
                  "1-pos: one-position steps, which round differently on quantized targets)")
     return "\n".join(lines)
 
-
-def plot(report: dict, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install 'ortspec[bench]'") from None
-    rows = [r for r in report["settings"] if r["num_draft_tokens"] != "auto"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    g = [r["num_draft_tokens"] for r in rows]
-    ax1.plot(g, [r["speedup"] for r in rows], "o-", label="measured")
-    ax1.plot(g, [r["decode_speedup_total"] for r in rows], "^-", label="measured, after the first token")
-    ax1.plot(g, [r["ideal_speedup"] or float("nan") for r in rows], "s--", label="cost model (ideal, after the first token)")
-    for r in report["settings"]:
-        if r["num_draft_tokens"] == "auto":
-            ax1.axhline(r["speedup"], color="gray", ls=":", label="auto (measured)")
-    ax1.axhline(1.0, color="black", lw=0.8)
-    ax1.set_xlabel("draft tokens per round (gamma)")
-    ax1.set_ylabel("speedup vs target only")
-    ax1.legend()
-    for r in report["settings"]:
-        acc = r["per_position_acceptance"]
-        ax2.plot(range(1, len(acc) + 1), acc, "o-", label=f"gamma={r['num_draft_tokens']}")
-    ax2.set_xlabel("draft position")
-    ax2.set_ylabel("P(accepted | reached)")
-    ax2.set_ylim(0, 1.05)
-    ax2.legend(fontsize=7)
-    fig.suptitle(Path(report["bundle"]).name)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)

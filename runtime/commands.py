@@ -217,7 +217,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import format_table, load_prompts, plot, run_bench
+    from .bench import format_table, load_prompts, run_bench
     from .microbench import format_micro, micro_bench
     if args.micro:
         vocab = args.vocab
@@ -266,7 +266,8 @@ def cmd_bench(args) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     if args.plot:
-        plot(report, args.plot)
+        from .figures import bench as plot_bench
+        plot_bench(report, args.plot)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

@@ -92,19 +92,23 @@ def genai_run(model, ids, max_new, sampling=None, **spec_opts) -> tuple[list[int
     return out, time.perf_counter() - t0
 
 
-def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampling=None) -> tuple[int, float] | None:
-    """(tokens decoded, seconds) of one llama.cpp run, from its own counters. With a draft, the rendered prompt goes
-    to llama-speculative-simple as it is; without, the user's prompt goes to llama-cli for one chat turn (it applies
-    the model's chat template itself) and only its generation rate is known: the tokens count is then nominal."""
+def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampling=None,
+                  spec_type="draft-simple") -> tuple[int, float] | None:
+    """(tokens decoded, seconds) of one llama.cpp run, from its own counters. With a draft (a GGUF file, or None with
+    ``spec_type`` an n-gram type such as "ngram-simple"), the rendered prompt goes to llama-speculative-simple as it
+    is; without, the user's prompt goes to llama-cli for one chat turn (it applies the model's chat template itself)
+    and only its generation rate is known: the tokens count is then nominal."""
     opts = ["-p", prompt, "-n", str(max_new), "-t", str(threads), "--seed", "0"]
     if sampling:
         opts += ["--temp", str(sampling["temperature"]), "--top-p", str(sampling["top_p"]),
                  "--top-k", str(sampling["top_k"]), "--repeat-penalty", str(sampling["repetition_penalty"])]
     else:
         opts += ["--temp", "0"]
-    if draft:
+    if spec_type.startswith("ngram"):
+        cmd = [str(Path(bin_dir) / "llama-speculative-simple"), "-m", target, *opts, "--spec-type", spec_type]
+    elif draft:
         cmd = [str(Path(bin_dir) / "llama-speculative-simple"), "-m", target, "-md", draft, *opts,
-               "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma)]
+               "--spec-type", spec_type, "--spec-draft-n-max", str(gamma)]
     else:
         cmd = [str(Path(bin_dir) / "llama-cli"), "-m", target, *opts, "-st", "--simple-io", "--no-display-prompt"]
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -138,6 +142,12 @@ def main() -> int:
     ap.add_argument("--llama-cpp", metavar="BIN_DIR", help="directory with llama-cli and llama-speculative-simple")
     ap.add_argument("--llama-cpp-target", help="the target's GGUF file for llama.cpp")
     ap.add_argument("--llama-cpp-draft", help="the draft's GGUF file for llama.cpp")
+    ap.add_argument("--llama-cpp-also", action="append", default=[], metavar="GGUF",
+                    help="another GGUF file llama.cpp runs target-only beside --llama-cpp-target (repeatable): a "
+                         "re-quantization of the file, to place a peer of a re-quantized bundle's class")
+    ap.add_argument("--only", metavar="WORDS",
+                    help="comma-separated: run only the rows whose name contains one of these words (e.g. "
+                         "'target-only' for a speed/fidelity frontier); llama.cpp target-only always runs")
     ap.add_argument("--fidelity", metavar="JSON",
                     help="tools/fidelity.py's report: each ortspec row is shown with its target's top-1 agreement "
                          "and mean KL against the file's float model, each llama.cpp row with its file's")
@@ -178,7 +188,8 @@ def main() -> int:
             return list(r.token_ids), r.stats.total_time_s
         return run
     decode_only = bool(args.llama_cpp)
-    runners = {"ortspec target-only": ours(base)}
+    ref_name, llama_alone = "ortspec target-only", "llama.cpp target-only (decode)"
+    runners = {ref_name: ours(base)}
     if b.draft is not None:
         runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)
         runners["ortspec draft model auto"] = ours(spec, num_draft_tokens="auto")
@@ -209,11 +220,17 @@ def main() -> int:
         runners[f"genai n-gram K={g}"] = lambda ids, p, raw: genai_run(alone, ids, new, search, max_draft_tokens=g,
                                                                   ngram_size=3)
     if args.llama_cpp:
-        runners["llama.cpp target-only (decode)"] = lambda ids, p, raw: llama_cpp_run(
+        runners[llama_alone] = lambda ids, p, raw: llama_cpp_run(
             args.llama_cpp, args.llama_cpp_target, None, raw, new, args.threads, g, sampling)
         if args.llama_cpp_draft:
             runners[f"llama.cpp speculative n={g} (decode)"] = lambda ids, p, raw: llama_cpp_run(
                 args.llama_cpp, args.llama_cpp_target, args.llama_cpp_draft, p, new, args.threads, g, sampling)
+        for other in args.llama_cpp_also:
+            runners[f"llama.cpp target-only {Path(other).stem} (decode)"] = lambda ids, p, raw, f=other: \
+                llama_cpp_run(args.llama_cpp, f, None, raw, new, args.threads, g, sampling)
+    if args.only:
+        words = [w.strip() for w in args.only.split(",") if w.strip()]
+        runners = {n: r for n, r in runners.items() if n in (ref_name, llama_alone) or any(w in n for w in words)}
     names = list(runners)
     rows = {n: [] for n in names}
     for k, item in enumerate(prompts):
@@ -227,14 +244,13 @@ def main() -> int:
                 rows[n].append({"prompt": item["id"], "tokens": count, "seconds": got[1],
                                 "tokens_per_s": count / got[1], "ids": tokens})
         print(f"prompt {k + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
-    ref = "ortspec target-only"
+    ref = ref_name
     fidelity = {}
     if args.fidelity:  # the same measure for both sides: tools/fidelity.py, keyed by resolved path
         fidelity = {r["path"]: r for r in json.loads(Path(args.fidelity).read_text())["rows"]}
     sides = {"ortspec": fidelity.get(str(Path(args.bundle).resolve()))}
     if args.llama_cpp:
         sides["llama.cpp"] = fidelity.get(str(Path(args.llama_cpp_target).resolve()))
-    alone = "llama.cpp target-only (decode)"
     summary = []
     for n in names:
         if not rows[n]:
@@ -245,15 +261,16 @@ def main() -> int:
         differ = None if sampling or not compared else sum(r["ids"] != h["ids"][:len(r["ids"])] for r, h in compared)
         summary.append({"runtime": n, "tokens_per_s": tps, "ratio_vs_ortspec_target_only": statistics.median(ratios),
                         "min_ratio": min(ratios), "max_ratio": max(ratios), "runs_with_other_tokens": differ})
-        fid = sides.get(n.split(" ")[0])
+        also = next((f for f in args.llama_cpp_also if f" {Path(f).stem} " in n), None)
+        fid = fidelity.get(str(Path(also).resolve())) if also else sides.get(n.split(" ")[0])
         if fid:
             summary[-1]["fidelity"] = {"top1": fid["top1"], "mean_kl": fid["mean_kl"]}
-    if rows.get(alone):  # tokens over seconds of all prompts, against llama.cpp's own
-        base_tps = next(s["tokens_per_s"] for s in summary if s["runtime"] == alone)
+    if rows.get(llama_alone):  # tokens over seconds of all prompts, against llama.cpp's own
+        base_tps = next(s["tokens_per_s"] for s in summary if s["runtime"] == llama_alone)
         for s in summary:
             s["ratio_vs_llama_cpp"] = s["tokens_per_s"] / base_tps
     print(f"{'runtime':<34}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}"
-          + (f"{'x llama.cpp':>13}" if rows.get(alone) else "") + (f"{'top-1':>9}{'KL':>9}" if fidelity else ""))
+          + (f"{'x llama.cpp':>13}" if rows.get(llama_alone) else "") + (f"{'top-1':>9}{'KL':>9}" if fidelity else ""))
     for s in summary:
         span = f"{s['ratio_vs_ortspec_target_only']:.2f} ({s['min_ratio']:.2f}-{s['max_ratio']:.2f})"
         other = "-" if s["runs_with_other_tokens"] is None else s["runs_with_other_tokens"]
@@ -278,18 +295,13 @@ def main() -> int:
             print(f"{n:<34}" + "".join(f"{s_['ratio_by_kind'].get(k, float('nan')):>10.2f}" for k in kinds))
     report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "sampling": sampling, "llama_cpp_target": args.llama_cpp_target,
+              "llama_cpp_also": args.llama_cpp_also,
               "summary": summary, "per_prompt": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        ax.barh([s["runtime"] for s in summary], [s["tokens_per_s"] for s in summary])
-        ax.set_xlabel("tokens/s (sampled)" if sampling else "tokens/s (greedy)")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+        from ortspec.figures import versus
+        versus({"sampled" if sampling else "greedy": report}, args.plot)
     return 0
 
 

@@ -13,6 +13,13 @@ original file (in its code fence) as the prediction. Settings: greedy, and sampl
 top-k 20, repetition penalty 1.05 (seeded). The order of the configurations rotates per prompt. Reported: decode
 tokens/s (after the first token), the speedups over target-only, and the prediction's accepted and rejected
 tokens. Greedy runs must give the same tokens in every configuration (exit 1 otherwise).
+
+With --llama-cpp (binaries from ../shared/tools/build-llama-cpp.sh) and --llama-cpp-target (the GGUF file the
+bundle was exported from), llama.cpp runs the same prompts beside them: alone (llama-cli), with its n-gram
+speculation (llama-speculative-simple --spec-type ngram-simple) and, given --llama-cpp-draft, with the draft
+file (draft-simple, --llama-cpp-draft-max drafts). Each is timed by llama.cpp's own decode counters, as the
+ortspec rows are (after the first token). --fidelity (tools/fidelity.py's JSON) prints each side's top-1
+agreement and KL against the file's float model beside the rates.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import sys
 
 import ortspec
 from ortspec import SpeculativeGenerator
+from compare_peers import llama_cpp_run
 
 EDITS = [("drafting/hybrid.py", "Change PROBE_EVERY from 16 to 32."),
          ("drafting/lookup.py", "Change LONG_MAX from 60 to 48."),
@@ -58,15 +66,34 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=384)
     ap.add_argument("--modes", default="greedy,sampled")
     ap.add_argument("--out", help="write the measurements as JSON")
+    ap.add_argument("--llama-cpp", metavar="BIN_DIR", help="directory with llama-cli and llama-speculative-simple")
+    ap.add_argument("--llama-cpp-target", help="the GGUF file the bundle's target was exported from")
+    ap.add_argument("--llama-cpp-draft", help="a draft GGUF file for llama.cpp's draft-model speculation")
+    ap.add_argument("--llama-cpp-draft-max", type=int, default=8, help="llama.cpp's drafts per step (default 8)")
+    ap.add_argument("--fidelity", metavar="JSON", help="tools/fidelity.py's report, for the fidelity columns")
     args = ap.parse_args()
     if not 1 <= args.limit <= len(EDITS) or args.max_new_tokens < 2:
         ap.error(f"--limit must be in 1..{len(EDITS)} and --max-new-tokens >= 2")
+    if bool(args.llama_cpp) != bool(args.llama_cpp_target):
+        ap.error("--llama-cpp and --llama-cpp-target go together")
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - {"greedy", "sampled"}:
         ap.error("--modes takes greedy and/or sampled")
     gens = {"target-only": SpeculativeGenerator.load(args.bundle, drafter="none", verify="none", thread_pool="shared"),
             "default": SpeculativeGenerator.load(args.bundle, verify="none", thread_pool="shared"),
             "prediction": SpeculativeGenerator.load(args.bundle, verify="none", thread_pool="shared")}
+    peers = {}
+    if args.llama_cpp:
+        def peer(draft, spec_type):
+            return lambda text, raw, new, sampling: llama_cpp_run(args.llama_cpp, args.llama_cpp_target, draft,
+                                                                 text if draft or spec_type != "draft-simple" else raw,
+                                                                 new, 2, args.llama_cpp_draft_max, sampling,
+                                                                 spec_type)
+        peers["llama.cpp target-only"] = peer(None, "draft-simple")
+        peers["llama.cpp ngram"] = peer(None, "ngram-simple")
+        if args.llama_cpp_draft:
+            peers["llama.cpp draft model"] = peer(args.llama_cpp_draft, "draft-simple")
+    configs = CONFIGS + tuple(peers)
     prompts = edit_prompts(args.limit)
     warm = gens["default"].codec.encode("Hello", chat=True)
     for gen in gens.values():
@@ -74,44 +101,68 @@ def main() -> int:
     rows, mismatches = [], 0
     for k, item in enumerate(prompts):
         ids = gens["default"].codec.encode(item["prompt"], chat=True)
+        text = gens["default"].codec.render_chat(item["prompt"])
         for mode in modes:
             settings = dict(SAMPLED, seed=k) if mode == "sampled" else dict(do_sample=False)
-            order = CONFIGS[k % 3:] + CONFIGS[:k % 3]
-            got = {}
+            order = configs[k % len(configs):] + configs[:k % len(configs)]
+            got, rates = {}, {}
             for name in order:
+                if name in peers:
+                    sampling = {key: v for key, v in SAMPLED.items() if key != "do_sample"} if mode == "sampled" \
+                        else None
+                    measured = peers[name](text, item["prompt"], args.max_new_tokens, sampling)
+                    rates[name] = measured[0] / measured[1] if measured else 0.0
+                    continue
                 gen = gens[name]
                 for lm in filter(None, (gen.target, gen.drafter.lm)):
                     lm.reset()  # every run from an empty cache: its prefill included
                 extra = {"prediction": item["prediction"]} if name == "prediction" else {}
                 res = gen.generate(input_ids=ids, max_new_tokens=args.max_new_tokens, **settings, **extra)
-                got[name] = res
+                got[name], rates[name] = res, decode_rate(res.stats)
             if mode == "greedy" and len({tuple(r.token_ids) for r in got.values()}) != 1:
                 mismatches += 1
-            base = decode_rate(got["target-only"].stats)
+            base = rates["target-only"]
             row = {"prompt": item["id"], "lines": item["lines"], "prompt_tokens": len(ids), "mode": mode}
-            for name, res in got.items():
-                rate = decode_rate(res.stats)
-                row[name] = {"tokens": len(res.token_ids), "decode_tok_s": rate, "speedup": rate / base if base else 0,
-                             "tokens_per_round": res.stats.tokens_per_round,
-                             "prediction_accepted": res.stats.prediction_accepted,
-                             "prediction_rejected": res.stats.prediction_rejected}
+            for name in configs:
+                row[name] = {"decode_tok_s": rates[name], "speedup": rates[name] / base if base else 0}
+                if name in got:
+                    res = got[name]
+                    row[name].update(tokens=len(res.token_ids), tokens_per_round=res.stats.tokens_per_round,
+                                     prediction_accepted=res.stats.prediction_accepted,
+                                     prediction_rejected=res.stats.prediction_rejected)
             rows.append(row)
             print(f"{item['id']:<24}{mode:<8}" + "".join(
-                f"{name} {row[name]['decode_tok_s']:6.1f} tok/s ({row[name]['speedup']:.2f}x)   " for name in CONFIGS)
+                f"{name} {row[name]['decode_tok_s']:6.1f} tok/s ({row[name]['speedup']:.2f}x)   " for name in configs)
                 + f"prediction {row['prediction']['prediction_accepted']}/{row['prediction']['prediction_rejected']}"
                   " accepted/rejected", flush=True)
     summary = {}
+    fidelity = {}
+    if args.fidelity:  # keyed by resolved path, as tools/fidelity.py writes it
+        fidelity = {r["path"]: r for r in json.loads(Path(args.fidelity).read_text())["rows"]}
+    sides = {"ortspec": fidelity.get(str(Path(args.bundle).resolve())),
+             "llama.cpp": fidelity.get(str(Path(args.llama_cpp_target).resolve())) if args.llama_cpp else None}
     for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         summary[mode] = {name: {"decode_tok_s": statistics.mean(r[name]["decode_tok_s"] for r in mine),
                                 "speedup_median": statistics.median(r[name]["speedup"] for r in mine)}
-                         for name in CONFIGS}
-        print(f"{mode}: " + ", ".join(f"{name} {s['decode_tok_s']:.1f} tok/s (median {s['speedup_median']:.2f}x)"
-                                      for name, s in summary[mode].items()))
+                         for name in configs}
+        if "llama.cpp target-only" in summary[mode]:
+            alone = summary[mode]["llama.cpp target-only"]["decode_tok_s"]
+            for s in summary[mode].values():
+                s["x_llama_cpp"] = s["decode_tok_s"] / alone if alone else 0.0
+        print(f"{mode}:")
+        for name, s in summary[mode].items():
+            fid = sides["llama.cpp" if name.startswith("llama.cpp") else "ortspec"]
+            print(f"  {name:<24}{s['decode_tok_s']:7.1f} tok/s  median {s['speedup_median']:.2f}x target-only"
+                  + (f"  {s['x_llama_cpp']:.2f}x llama.cpp alone" if "x_llama_cpp" in s else "")
+                  + (f"  fidelity top-1 {fid['top1'] * 100:.1f}% KL {fid['mean_kl']:.4f}" if fid else ""))
     if mismatches:
         print(f"{mismatches} greedy prompt(s) gave different tokens across configurations", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps({"bundle": args.bundle, "max_new_tokens": args.max_new_tokens,
+                                              "llama_cpp_target": args.llama_cpp_target,
+                                              "fidelity": {k: v and {"top1": v["top1"], "mean_kl": v["mean_kl"]}
+                                                           for k, v in sides.items()},
                                               "rows": rows, "summary": summary, "greedy_mismatches": mismatches},
                                              indent=2))
     return 1 if mismatches else 0

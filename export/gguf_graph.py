@@ -41,7 +41,7 @@ def gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "in
     least)."""
     from .fused import build_fused
     from .gguf_weights import compact, read_block_weights
-    from .quantize import _count_quantized
+    from .quantize import count_quantized
     name, block8 = split_layout(layout)
     sd = {k: v.detach().float().numpy() for k, v in src.model.state_dict().items()}
     blocks, counts = read_block_weights(src.info["ref"], sd, src.model.config)
@@ -57,7 +57,7 @@ def gguf_graph(src: Source, out_dir: Path, say: Progress, activations: str = "in
              "accuracy_level": {f"{b}-bit": lv for b, lv in levels.items()},
              "output_layer_accuracy_level": 4, "activations": activations, "types": counts,
              "layout": name, "float_tensors": "norms, biases and any tensor of another type",
-             "quantized_nodes": _count_quantized(path)}
+             "quantized_nodes": count_quantized(path)}
     if name == "compact":
         entry["layout_detail"] = (f"5- and 6-bit types re-rounded to 8-bit codes in blocks of {block8}; per-block "
                                   "minimums folded into each product as the weights of the input's block sums")
@@ -71,12 +71,12 @@ def reference_rows(src: Source, tokens: int = FIDELITY_TOKENS) -> tuple[list[int
     """The first ``tokens`` tokens of the shipped quality text and the source's float model's log-probabilities
     of the next token at each (PyTorch, float32; a GGUF file dequantized: the file's float model)."""
     import torch
-    from ortspec.quality import _log_softmax
+    from ortspec.quality import log_softmax
     from ortspec.shipped import shipped
     ids = list(src.tokenizer(shipped("quality.txt").read_text())["input_ids"][:tokens])
     with torch.no_grad():
         logits = src.model(torch.tensor([ids])).logits[0].float().numpy()
-    return ids, _log_softmax(logits).astype(np.float32)
+    return ids, log_softmax(logits).astype(np.float32)
 
 
 def fidelity_to_source(reference: tuple, root: Path, entry: dict) -> dict:
@@ -84,11 +84,11 @@ def fidelity_to_source(reference: tuple, root: Path, entry: dict) -> dict:
     ``root``) against ``reference_rows``, teacher-forced, every position scored."""
     from ortspec.bundle import ModelSpec
     from ortspec.engine import CausalLM
-    from ortspec.quality import _log_softmax
+    from ortspec.quality import log_softmax
     ids, base = reference
     spec = ModelSpec.from_dict(entry, "target")
     lm = CausalLM(spec, str(root / spec.path))
-    cand = _log_softmax(lm.forward(ids))
+    cand = log_softmax(lm.forward(ids))
     del lm
     base = base.astype(np.float64)
     kl = float(np.mean(np.sum(np.exp(base) * (base - cand), axis=-1)))

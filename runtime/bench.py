@@ -131,7 +131,6 @@ def run_bench(bundle: str, prompts: list[dict], gammas: list, drafter: str | Non
             progress("calibrating step costs")
         profile = measure(spec.target, lm)
         save_profile(spec.bundle.root, provider, profile)
-    spec._profile = profile
     encode = (lambda p: base.codec.encode(p, chat=chat)) if base.codec else None
     if encode is None:
         raise ValueError("this bundle has no tokenizer; bench needs text prompts")

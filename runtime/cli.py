@@ -90,14 +90,21 @@ def _runtime_flags(p: argparse.ArgumentParser, bundle_default: bool = True, gamm
     g.add_argument("--threads", type=int, default=None, help="intra-op threads per session (default: onnxruntime's)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class CommandLine(argparse.ArgumentParser):
+    """ortspec's parser, which keeps its subcommands' parsers by name (``commands``)."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+
+def build_parser() -> CommandLine:
+    parser = CommandLine(
         prog="ortspec",
         description="Speculative decoding on ONNX Runtime whose output is distributed exactly as the target "
                     "model's. Export a draft/target pair into a bundle, then generate, benchmark or verify it.")
     parser.add_argument("--version", action="version", version=f"ortspec {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = sub.choices
 
     p = sub.add_parser("export", help="export a target (and draft) model into a bundle",
                        description="Export causal LMs (hub id, local HF directory or .gguf file) into ONNX graphs "
@@ -366,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             _show_causes(exc)
             raise
-        words = _cli_words(str(exc), parser._subparsers._group_actions[0].choices[args.command])  # (argparse keeps
-        # its subcommands there)
+        words = _cli_words(str(exc), parser.commands[args.command])
         print(f"ortspec {args.command}: error: {words}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
 
@@ -387,10 +393,10 @@ def _cli_words(message: str, parser: argparse.ArgumentParser) -> str:
     flags become those flags (``max_new_tokens`` -> ``--max-new-tokens``, ``drafter='prompt_lookup'`` ->
     ``--drafter prompt-lookup``, ``do_sample=False`` -> ``--greedy``)."""
     flags = {}
-    for action in parser._actions:
-        for option in action.option_strings:
-            if option.startswith("--"):
-                flags.setdefault(option[2:].replace("-", "_"), option)
+    for line in parser.format_help().splitlines():  # each option's line starts with its flags (and aliases)
+        m = re.match(r"  (-[^ ].*?)(?:\s{2,}|$)", line)
+        for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", m.group(1)) if m else ():
+            flags.setdefault(option[2:].replace("-", "_"), option)
     if "greedy" in flags:
         message = message.replace("do_sample=False", "--greedy").replace("do_sample=True", "--sample")
 

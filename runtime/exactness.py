@@ -418,7 +418,7 @@ def run_verify(bundle_dir: str, prompts: Sequence[list[int]], gammas: Sequence[i
     say("distribution check")
     dist = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed, alpha)
     say("negative control")
-    gen._sampled_verify = wrong_verify
+    gen.sampled_verify = wrong_verify
     control = distribution_check(gen, chosen, sampling, gamma, samples, ks, seed + 1, alpha)
     rejected = control.p_value < alpha
     if greedy.mismatches or dist.p_value < alpha:

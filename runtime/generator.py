@@ -12,6 +12,7 @@ import numpy as np
 from .bundle import Bundle, load_bundle
 from .config import DRAFTERS, SamplingConfig, SpeculationConfig, resolve_sampling
 from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
+from .context import DecodeContext, Shared
 from .control import ProfileMemory
 from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
 from .engine import LOGITS_PLACES, CausalLM, check_thread_pool
@@ -19,9 +20,8 @@ from .errors import BundleError, CacheOverflowError, DraftFailedWarning, Incompa
 from .logprobs import check_logprobs
 from .tools import check_tools
 from .loop import DecodeLoop, InvariantError
-from .request import Busy, Request
+from .request import Request
 from .results import Event, Result, Stats
-from .sampling import Scratch
 from .text import TextCodec
 from .verify import verify_dists
 
@@ -66,7 +66,7 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, bundle: Bundle, target: CausalLM, drafter, codec: TextCodec | None,
-                 draft_error: str | None = None):
+                 draft_error: str | None = None, shared: Shared | None = None, memory: ProfileMemory | None = None):
         self.bundle = bundle
         self.target = target
         self.drafter = drafter
@@ -74,13 +74,12 @@ class SpeculativeGenerator:
         # why the bundle's draft model could not be loaded (every request then reports it), or None
         self.draft_error = draft_error
         self.vocab_size = decoding_vocab(bundle, codec, drafter.lm is not None)
-        self._busy = Busy()
+        # one generation at a time, scratch arrays and the grammar's vocabulary, shared with siblings
+        self.shared = shared or Shared()
         # the stored profile (step costs, acceptance) and what the last auto request learned, for the next one
-        self.memory = ProfileMemory(bundle.root, target.provider)
-        self._sampled_verify = verify_dists  # replaceable only by exactness checks (negative controls)
+        self.memory = memory or ProfileMemory(bundle.root, target.provider)
+        self.sampled_verify = verify_dists  # the sampled rule; replaced only by exactness checks (negative controls)
         self.draft_sampling = "match"  # what the draft samples from (config.draft_sampling); never changes output
-        self._scratch = Scratch()  # vocabulary-wide arrays reused across rounds (calls hold the lock)
-        self._vocabulary: Vocabulary | None = None  # the tokenizer as the grammar engine reads it (made once)
         self.forced_drafts = True  # tokens a constraint forces go out as free drafts (off: to measure what they buy)
         self._guess = PromptLookupDrafter()  # free one-token guesses for rounds without drafts (bitwise passes)
         # Sampling: sum_x min(p, q) of every verified position into Stats (bench turns it on). An auto gamma
@@ -192,12 +191,17 @@ class SpeculativeGenerator:
             impl = self._model_drafter(drafter, self.drafter.lm, self.drafter.window, self.drafter.source)
         else:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
-        twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_error)
-        twin.memory, twin.draft_sampling, twin._scratch = self.memory.sibling(), self.draft_sampling, self._scratch
-        twin._busy = self._busy  # one generation at a time over the shared target and scratch
-        twin.record_min_mass, twin._vocabulary = self.record_min_mass, self._vocabulary
+        twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_error, self.shared,
+                                    self.memory.sibling())
+        twin.draft_sampling, twin.record_min_mass = self.draft_sampling, self.record_min_mass
         twin.forced_drafts = self.forced_drafts
         return twin
+
+    def context(self) -> DecodeContext:
+        """What a request's decode loop reads of this generator, as it is now."""
+        return DecodeContext(self.target, self.drafter, self.vocab_size, self.codec, self.shared.scratch,
+                             self.memory, self.profile, self.sampled_verify, self.draft_sampling, self.forced_drafts,
+                             self._guess, self.record_min_mass, self.draft_error, self.LAZY_PREFILL)
 
     def profile(self) -> dict | None:
         """This machine's calibrated step costs for the bundle (measured once, then read from disk)."""
@@ -223,7 +227,7 @@ class SpeculativeGenerator:
         events = self.stream(prompt, input_ids, **kwargs)
         events.whole()  # before the first round: no per-round detokenizing
         ids: list[int] = []
-        logprobs = [] if events._req.logprobs is not None else None
+        logprobs = [] if events.request.logprobs is not None else None
         for ev in events:
             ids.extend(ev.token_ids)
             if logprobs is not None and ev.logprobs:
@@ -307,7 +311,7 @@ class SpeculativeGenerator:
             raise CacheOverflowError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) needs {need} positions but the "
                 f"target holds {self.target.capacity}; shorten the prompt or lower max_new_tokens")
-        constraint = None if grammar is None else Constraint(grammar, self._vocabulary, eos, len(ids))
+        constraint = None if grammar is None else Constraint(grammar, self.shared.vocabulary, eos, len(ids))
         request = Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
                           constraint=constraint, logprobs=logprobs, prediction=self._prediction(prediction))
         return _Stream(self, request, wait_timeout)
@@ -336,8 +340,8 @@ class SpeculativeGenerator:
         if self.codec is None:
             raise ConstraintError("structured output needs the bundle's tokenizer; this bundle has none")
         grammar = grammar_for(response_format)
-        if self._vocabulary is None:
-            self._vocabulary = Vocabulary(self.codec.tokenizer.to_str(), self.vocab_size)
+        if self.shared.vocabulary is None:
+            self.shared.vocabulary = Vocabulary(self.codec.tokenizer.to_str(), self.vocab_size)
         return grammar
 
     @property
@@ -410,6 +414,11 @@ class _Stream:
         self._box: list = []  # (Stats, finish reason), once the generation is over
 
     @property
+    def request(self) -> Request:
+        """The request as checked (what the decode loop reads)."""
+        return self._req
+
+    @property
     def prompt_ids(self) -> list[int]:
         """The prompt's token ids (after the chat template), as fed to the target."""
         return list(self._req.prompt_ids)
@@ -445,7 +454,8 @@ class _Stream:
 def _run(gen: SpeculativeGenerator, req: Request, wait: float | None, box: list) -> Iterator[Event]:
     """A generation's rounds, holding the generator (a function, not a method: a stream dropped by its caller
     must not be kept alive by its own rounds, or it would never release the generator)."""
-    gen._busy.acquire(wait)
+    busy = gen.shared.busy
+    busy.acquire(wait)
     try:
         stats = Stats()
         t_lm = gen.target.run_time_s
@@ -454,7 +464,7 @@ def _run(gen: SpeculativeGenerator, req: Request, wait: float | None, box: list)
         outcome: list = []
         t0 = time.perf_counter()
         try:
-            yield from DecodeLoop(gen, req, stats, outcome).rounds()
+            yield from DecodeLoop(gen.context(), req, stats, outcome).rounds()
         finally:
             stats.total_time_s = time.perf_counter() - t0
             stats.target_time_s = gen.target.run_time_s - t_lm
@@ -462,7 +472,7 @@ def _run(gen: SpeculativeGenerator, req: Request, wait: float | None, box: list)
             stats.overhead_time_s = max(0.0, stats.total_time_s - stats.target_time_s - stats.draft_time_s)
             box.append((stats, outcome[0] if outcome else "interrupted"))
     finally:
-        gen._busy.release()
+        busy.release()
 
 
 def _token_id(value) -> int:

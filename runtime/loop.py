@@ -20,7 +20,7 @@ from .text import StreamDecoder
 from .verify import Uniforms, Verdict, greedy_verify
 
 if TYPE_CHECKING:
-    from .generator import SpeculativeGenerator
+    from .context import DecodeContext
     from .request import Request
 
 # A drafter failing with one of these has a bug (not a model that cannot run): reported as DraftBugWarning, which
@@ -65,18 +65,18 @@ class DecodeLoop:
     next token and roll both caches back to the committed boundary, (5) account: statistics, the controller,
     strict checks."""
 
-    def __init__(self, gen: SpeculativeGenerator, req: Request, stats: Stats, outcome: list):
-        self.gen, self.req, self.stats = gen, req, stats
+    def __init__(self, ctx: DecodeContext, req: Request, stats: Stats, outcome: list):
+        self.ctx, self.req, self.stats = ctx, req, stats
         # this request's drafter: a failure replaces it for the rest of the request only (the next one drafts again)
-        self.drafter = gen.drafter
+        self.drafter = ctx.drafter
         if req.prediction:  # the predicted output first, the generator's drafter where it offers nothing
-            self.drafter = PredictionDrafter(req.prediction, len(req.prompt_ids), gen.drafter)
-        if gen.draft_error is not None:  # the draft model never loaded: every request says so
-            stats.draft_disabled, stats.draft_error = True, gen.draft_error
+            self.drafter = PredictionDrafter(req.prediction, len(req.prompt_ids), ctx.drafter)
+        if ctx.draft_error is not None:  # the draft model never loaded: every request says so
+            stats.draft_disabled, stats.draft_error = True, ctx.draft_error
         self.outcome = outcome  # the finish reason, once there is one
         self.sampling = req.sampling.do_sample
-        self.pipe = LogitsPipeline(req.sampling, gen.vocab_size, gen._scratch)
-        self.draft_pipe = draft_pipeline(req.sampling, gen.vocab_size, gen._scratch, gen.draft_sampling) \
+        self.pipe = LogitsPipeline(req.sampling, ctx.vocab_size, ctx.scratch)
+        self.draft_pipe = draft_pipeline(req.sampling, ctx.vocab_size, ctx.scratch, ctx.draft_sampling) \
             if self.sampling else self.pipe
         if req.constraint is not None:  # structured output: target and draft rows masked alike
             self.pipe = MaskedPipeline(self.pipe, req.constraint)
@@ -84,11 +84,11 @@ class DecodeLoop:
         self.pipe.growing_context = self.draft_pipe.growing_context = True  # ``committed``: one list, only extended
         self.rng = Uniforms(np.random.default_rng(req.seed))  # (the generator's own numbers, drawn in blocks)
         self.mode = acceptance_mode(req.sampling)
-        self.controller = make_controller(req.speculation, gen, self.mode, self.drafter)
-        self.decoder = StreamDecoder(gen.codec if req.text else None)
+        self.controller = make_controller(req.speculation, ctx, self.mode, self.drafter)
+        self.decoder = StreamDecoder(ctx.codec if req.text else None)
         self.committed = list(req.prompt_ids)
         self.start, self.started = len(self.committed), time.perf_counter()
-        target = self.target = gen.target
+        target = self.target = ctx.target
         # Bitwise: no target pass of a size whose rows round differently (pass-size invariance).
         target.bitwise = req.speculation.bitwise
         # Reuse whatever cached prefix still matches (the last token is always re-fed; bitwise, only positions
@@ -108,7 +108,7 @@ class DecodeLoop:
         # second round, so the user's wait for the first token is the target's prefill only. A draft reading the
         # target's cache never reads the prompt: it drafts from the second round on, always (whatever the target
         # kept from an earlier call: the draft's state, and so a seeded output, must not depend on it).
-        self.lazy = self.drafter.source is not None or len(self.committed) - target.length > gen.LAZY_PREFILL
+        self.lazy = self.drafter.source is not None or len(self.committed) - target.length > ctx.lazy_prefill
 
     def rounds(self) -> Iterator[Event]:
         while True:
@@ -127,27 +127,27 @@ class DecodeLoop:
     def plan(self) -> Round:
         """Start a round: what earlier rounds read is released, and gamma is chosen (none in a lazy first round;
         never past max_new_tokens or the context)."""
-        gen, target, draft_lm = self.gen, self.target, self.draft_lm
+        ctx, target, draft_lm = self.ctx, self.target, self.draft_lm
         r = Round(time.perf_counter(), target.run_time_s, draft_lm.run_time_s if draft_lm is not None else 0.0,
                   self.req.max_new_tokens - (len(self.committed) - self.start))
         for lm in (target, draft_lm):  # nothing read in the round before is read again
             if lm is not None:
                 lm.new_round()
-        gen._scratch.new_round()
+        ctx.scratch.new_round()
         r.limit = min(PromptLookupDrafter.LONG_MAX, r.remaining - 1, target.capacity - len(self.committed))
         r.gamma = 0 if self.lazy else min(self.controller.choose(), r.limit)
         r.paused = not self.lazy and r.gamma == 0 and self.controller.plans
         self.lazy = False
         # a draft far behind reads its context first: that round's times say nothing about a step's cost
-        r.catching_up = bool(r.gamma) and self.drafter.unread(self.committed) > gen.LAZY_PREFILL
+        r.catching_up = bool(r.gamma) and self.drafter.unread(self.committed) > ctx.lazy_prefill
         return r
 
     # 2. propose ---------------------------------------------------------------
     def propose(self, r: Round) -> None:
         """The round's drafts with the q each was drawn from; with none and a bitwise pass (two positions anyway),
         a free one-token n-gram guess that stays out of the drafter's statistics."""
-        gen, controller = self.gen, self.controller
-        if self.req.constraint is not None and gen.forced_drafts and r.remaining > 1 and r.limit > 0:
+        ctx, controller = self.ctx, self.controller
+        if self.req.constraint is not None and ctx.forced_drafts and r.remaining > 1 and r.limit > 0:
             forced = self.req.constraint.forced(self.committed)[:r.limit]
             if forced:  # the only continuation the constraint allows: verified like any draft, drafted for free
                 r.draft, r.forced = Draft(forced, [Dist.one_hot(t) for t in forced] if self.sampling else None), \
@@ -159,7 +159,7 @@ class DecodeLoop:
         r.draft = self._draft(r)
         if not r.draft.tokens and self.req.speculation.bitwise and r.remaining > 1 and \
                 self.target.capacity > len(self.committed):
-            guess = gen._guess.lookup(self.committed, 1)
+            guess = ctx.guess.lookup(self.committed, 1)
             r.draft = Draft(guess, [Dist.one_hot(t) for t in guess] if self.sampling else None)
         else:
             r.counted = len(r.draft.tokens)
@@ -167,13 +167,13 @@ class DecodeLoop:
     def _draft(self, r: Round) -> Draft:
         """The drafter's proposal, checked; with gamma 0 none, unless auto paused model drafting and the drafter
         may still propose lookups then. A draft failure leaves the rest of the request to the target alone."""
-        gen = self.gen
+        ctx = self.ctx
         if r.gamma < 1 and not (r.paused and self.drafter.drafts_when_paused and r.limit > 0):
             return Draft.empty()
         try:
             draft = self.drafter.propose(self.committed, r.gamma, self.draft_pipe, self.sampling, self.rng,
                                         limit=r.limit)
-            if len(draft.tokens) > max(r.gamma, r.limit) or any(not 0 <= t < gen.vocab_size for t in draft.tokens):
+            if len(draft.tokens) > max(r.gamma, r.limit) or any(not 0 <= t < ctx.vocab_size for t in draft.tokens):
                 raise ValueError(f"drafter returned invalid tokens {draft.tokens[:8]}")
             if self.sampling and draft.tokens and (draft.dists is None or len(draft.dists) != len(draft.tokens)):
                 raise ValueError("drafter returned no or too few draft distributions")
@@ -211,10 +211,10 @@ class DecodeLoop:
         if not self.sampling:
             r.verdict = greedy_verify(tokens, self.pipe.greedy(rows, self.committed, tokens))
             return
-        if r.counted and (self.gen.record_min_mass or self.controller.reads_masses):
+        if r.counted and (self.ctx.record_min_mass or self.controller.reads_masses):
             r.masses = []
-        r.verdict = self.gen._sampled_verify(tokens, r.draft.dists or [],
-                                             self.pipe.verify_rows(rows, self.committed, tokens), self.rng, r.masses)
+        r.verdict = self.ctx.sampled_verify(tokens, r.draft.dists or [],
+                                            self.pipe.verify_rows(rows, self.committed, tokens), self.rng, r.masses)
         if r.masses:
             self.stats.record_min_mass(r.masses)
 
@@ -234,7 +234,7 @@ class DecodeLoop:
     def _logprobs(self, r: Round) -> list:
         """The committed tokens' log-probabilities: token j from row j of the pass (its context the committed
         text and the tokens before it, drafts that passed)."""
-        out, constraint, width = [], self.req.constraint, self.gen.vocab_size
+        out, constraint, width = [], self.req.constraint, self.ctx.vocab_size
         for j, tok in enumerate(r.new):
             context = self.committed + r.new[:j]
             allowed = constraint.allowed(self.committed, r.new[:j]) if constraint is not None else None
@@ -266,7 +266,7 @@ class DecodeLoop:
 
     def finish(self, reason: str) -> Iterator[Event]:
         self.outcome.append(reason)
-        self.gen.memory.learn(self.controller, self.mode, self.req.speculation.bitwise)
+        self.ctx.memory.learn(self.controller.lessons(), self.mode, self.req.speculation.bitwise)
         tail = self.decoder.flush()
         if tail:
             yield Event([], tail, "text")

@@ -15,7 +15,7 @@ import numpy as np
 CHUNK = 64  # positions per pass: bounded logits memory whatever the text length
 
 
-def _log_softmax(rows: np.ndarray) -> np.ndarray:
+def log_softmax(rows: np.ndarray) -> np.ndarray:
     x = rows.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
@@ -86,7 +86,7 @@ def compare_models(candidate: str, reference: str, text: str, tokens: int | None
             scored = min(len(feed), hi - (a + skip))  # the chunk's last positions that are scored
             rows = [lm.forward(feed, keep=max(scored, 1)) for lm in lms]
             if scored > 0:
-                cand, ref = (_log_softmax(r) for r in rows)
+                cand, ref = (log_softmax(r) for r in rows)
                 nxt = np.asarray(ids[hi - scored + 1:hi + 1])
                 agree += int(np.sum(cand.argmax(-1) == ref.argmax(-1)))
                 kl += float(np.sum(np.exp(ref) * (ref - cand)))

@@ -53,7 +53,7 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
     k, vocab = job["k"], gen.vocab_size
     counts = np.zeros((vocab,) * k, dtype=np.int64)
     drafted = accepted = 0
-    gen._sampled_verify = wrong_verify if job["wrong"] else generator.verify_dists
+    gen.sampled_verify = wrong_verify if job["wrong"] else generator.verify_dists
     try:
         for seed in job["seeds"]:
             gen.timing_prior.clear()  # every request plans from the pretended costs, not those timed before it
@@ -63,7 +63,7 @@ def sample_prefixes(job: dict) -> tuple[np.ndarray, int, int]:
             drafted += res.stats.drafted
             accepted += res.stats.accepted
     finally:
-        gen._sampled_verify = generator.verify_dists
+        gen.sampled_verify = generator.verify_dists
     return counts, drafted, accepted
 
 
@@ -77,7 +77,7 @@ def sample_pairs(job: dict) -> tuple[np.ndarray, int, int]:
         _GENERATORS[key] = SpeculativeGenerator.load(job["bundle"], drafter=job["drafter"], threads=1)
     gen = _GENERATORS[key]
     pairs, drafted, accepted = [], 0, 0
-    gen._sampled_verify = {False: generator.verify_dists, True: wrong_verify, "accept": accept_all}[job["wrong"]]
+    gen.sampled_verify = {False: generator.verify_dists, True: wrong_verify, "accept": accept_all}[job["wrong"]]
     try:
         for seed in job["seeds"]:
             res = gen.generate(input_ids=job["prompt"], max_new_tokens=job["max_new_tokens"], do_sample=True,
@@ -86,7 +86,7 @@ def sample_pairs(job: dict) -> tuple[np.ndarray, int, int]:
             drafted += res.stats.drafted
             accepted += res.stats.accepted
     finally:
-        gen._sampled_verify = generator.verify_dists
+        gen.sampled_verify = generator.verify_dists
     return np.array(pairs, dtype=np.int64).reshape(-1, 2), drafted, accepted
 
 

@@ -537,7 +537,7 @@ def _learn_into(ctl, profile: dict) -> dict | None:
     saved = []
     memory = ProfileMemory(None, "cpu")
     memory.data, memory.store = profile, saved.append
-    memory.learn(ctl, "greedy", True)
+    memory.learn(ctl.lessons(), "greedy", True)
     costs = [p for p in saved if "reshaped_by" in p or "relearned_from_drift" in p]
     return costs[-1] if costs else None
 

@@ -11,7 +11,7 @@ import pytest
 
 from ortspec import exactness, verify
 from ortspec.config import DENSE_DRAFT_VOCAB, DRAFT_TOP_K, DRAFT_WIDE_TOP_K, SamplingConfig, draft_sampling
-from ortspec.sampling.kernels import GROUP, _reaching, _total
+from ortspec.sampling.kernels import GROUP, mass_reaching, weights_total
 from ortspec.sampling import (Dist, LogitsPipeline, block_sums, draft_pipeline,
                             sample_weights, top_candidates)
 from ortspec.reference import distribution
@@ -84,7 +84,7 @@ def test_large_nucleus_cuts_ties_by_id(top_p):
 
 
 def test_the_two_level_search_finds_the_bucket_a_running_sum_reaches():
-    """``_reaching`` (group sums, then the running sums inside one group) gives the index and the sum before it
+    """``mass_reaching`` (group sums, then the running sums inside one group) gives the index and the sum before it
     that one running sum over all the buckets gives: random masses with empty stretches, a single nonzero
     bucket, whole groups read reversed (as the nucleus search reads its buckets: no padded copy), targets of 0,
     inside the total, at the end of a group, and past the total (the last index)."""
@@ -105,7 +105,7 @@ def test_the_two_level_search_finds_the_bucket_a_running_sum_reaches():
         edge = float(upto[min(n, GROUP) - 1]) * 0.999999
         for target in (0.0, total * rng.random(), total * 0.9, edge, total * 1.1):
             j = min(int(np.searchsorted(upto, target, side="left")), n - 1)
-            got, before = _reaching(mass, target)
+            got, before = mass_reaching(mass, target)
             assert got == j, (trial, n, target)
             assert abs(before - (float(upto[j - 1]) if j else 0.0)) <= 1e-12 * max(total, 1.0)
     # a group whose sum (pairwise) reaches the target while its running sums (one by one) never do: 1 + 2**-53
@@ -114,7 +114,7 @@ def test_the_two_level_search_finds_the_bucket_a_running_sum_reaches():
     mass[0], mass[1:GROUP] = 1.0, 2.0 ** -53
     target = 1.0 + 1e-14
     assert mass[:GROUP].reshape(1, -1).sum(axis=1)[0] >= target > np.cumsum(mass)[-1]
-    assert _reaching(mass, target) == (2 * GROUP - 1, 1.0)
+    assert mass_reaching(mass, target) == (2 * GROUP - 1, 1.0)
 
 
 @pytest.mark.parametrize("k", [1, 5, 20, 64, 500, 5000])
@@ -153,7 +153,7 @@ def test_draws_over_the_block_sums_a_row_was_made_with_are_the_draws_without_the
         rows.append(pipe.row(rows_of(kind, vocab, 1, seed=11)[0], list(range(0, 3000, 7))))
     exact = rng.integers(0, 64, vocab).astype(np.float32) / np.float32(1024)
     exact[rng.choice(vocab, 12, replace=False)] = np.float32(1.0)
-    rows.append(Dist(weights=exact, total=_total(exact), blocks=block_sums(exact)))
+    rows.append(Dist(weights=exact, total=weights_total(exact), blocks=block_sums(exact)))
     for p in rows:
         assert p.blocks is not None and not p.sparse
         kept = p.weights.copy()
@@ -208,7 +208,7 @@ def _residual_on_a_copy(target: Dist, draft: Dist, u: float) -> int:
         return target.draw(u)
     w = target.weights.copy()
     w[draft.ids] = ((p_there - overlap) * target.total).astype(np.float32)
-    return Dist(weights=w, total=float(_total(w)), head=target.head_ids()).draw(u)
+    return Dist(weights=w, total=float(weights_total(w)), head=target.head_ids()).draw(u)
 
 
 def _first_token_counts(p: Dist, q: Dist, verifier, n: int, vocab: int, seed: int = 0) -> np.ndarray:

@@ -314,7 +314,7 @@ def test_quality_windows_score_second_halves_from_an_empty_cache(llama_bundle, t
     import sys
     from ortspec.bundle import load_bundle
     from ortspec.engine import CausalLM
-    from ortspec.quality import _log_softmax, compare_models
+    from ortspec.quality import log_softmax, compare_models
     from ortspec.text import TextCodec
     text = " ".join(f"w{(i * 11) % 97}" for i in range(200))
     b = load_bundle(llama_bundle)
@@ -329,7 +329,7 @@ def test_quality_windows_score_second_halves_from_an_empty_cache(llama_bundle, t
         rows = []
         for lm in lms:
             lm.reset()
-            rows.append(_log_softmax(lm.forward(seg[:-1])[window // 2:]))
+            rows.append(log_softmax(lm.forward(seg[:-1])[window // 2:]))
         cand, ref = rows
         nxt = np.asarray(seg[window // 2 + 1:])
         agree += int(np.sum(cand.argmax(-1) == ref.argmax(-1)))
@@ -482,7 +482,7 @@ def test_a_layout_with_long_blocks_declares_them_so_passes_are_tiled_in_pairs(mo
     monkeypatch.setattr(gguf_weights, "read_block_weights", lambda *a, **k: (dict(blocks), {"Q4_K": 1, "Q6_K": 1}))
     seen = {}
     monkeypatch.setattr(fused, "build_fused", lambda model, out, dtype, blocks, **kw: seen.update(blocks) or out)
-    monkeypatch.setattr(quantize, "_count_quantized", lambda path: {})
+    monkeypatch.setattr(quantize, "count_quantized", lambda path: {})
     src = SimpleNamespace(model=SimpleNamespace(state_dict=dict, config=None), info={"ref": "f.gguf"})
     tiles = {}
     for layout in ("compact", "exact"):

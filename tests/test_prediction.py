@@ -93,7 +93,7 @@ def test_sampled_output_is_distributed_as_the_targets_with_a_negative_control(sm
     wrapped = _Predicting(gen, greedy + greedy)
     good = distribution_check(wrapped, [prefix], sampling, gamma=3, samples=2500, seed=5)
     assert good.p_value > 1e-3, good
-    gen._sampled_verify = wrong_verify
+    gen.sampled_verify = wrong_verify
     control = distribution_check(wrapped, [prefix], sampling, gamma=3, samples=2500, seed=6)
     assert control.p_value < 1e-3, control
 

@@ -168,6 +168,6 @@ def test_the_generator_drops_an_end_of_sequence_word_as_transformers_does(ids_bu
     from ortspec import SpeculativeGenerator
     gen = SpeculativeGenerator.load(ids_bundle, drafter="none")
     stream = gen.stream(input_ids=[1, 5], bad_words_ids=[[2], [5, 2], [7]], eos_token_id=2, max_new_tokens=2)
-    assert stream._req.sampling.bad_words_ids == ((5, 2), (7,))
+    assert stream.request.sampling.bad_words_ids == ((5, 2), (7,))
     stream = gen.stream(input_ids=[1, 5], bad_words_ids=[[2], [7]], eos_token_id=[3], max_new_tokens=2)
-    assert stream._req.sampling.bad_words_ids == ((2,), (7,))
+    assert stream.request.sampling.bad_words_ids == ((2,), (7,))

@@ -127,7 +127,7 @@ def test_cuda_error_names_the_install_that_fixes_it(monkeypatch, builds, says):
 def test_gpu_build_without_cuda_libraries_is_named(monkeypatch):
     from ortspec.engine import session as model
     monkeypatch.setattr(model, "installed_builds", lambda: ["onnxruntime-gpu"])
-    assert "CUDA 13 and cuDNN 9" in model._missing_provider("CUDAExecutionProvider", loaded=False)
+    assert "CUDA 13 and cuDNN 9" in model.missing_provider("CUDAExecutionProvider", loaded=False)
 
 
 def test_no_install_puts_both_onnxruntime_builds_side_by_side():

@@ -14,7 +14,7 @@ from ortspec import SpeculativeGenerator
 from ortspec.bundle import MANIFEST, load_bundle, sha256_file
 from ortspec.errors import BundleError
 from ortspec.sampling import LAZY_TOP, Dist, LazyRow, LogitsPipeline, inverse_cdf_list, min_mass_lists
-from ortspec.sampling.kernels import _inverse_cdf
+from ortspec.sampling.kernels import inverse_cdf
 from ortspec.config import SamplingConfig
 from ortspec.engine import CausalLM, TopRows
 from test_device_rows import SETTINGS, _ids, _run
@@ -258,7 +258,7 @@ def test_small_dists_draw_and_overlap_as_the_array_forms():
         if not w.any():
             continue
         u = float(rng.random())
-        assert inverse_cdf_list(w.tolist(), u) == _inverse_cdf(w, u)
+        assert inverse_cdf_list(w.tolist(), u) == inverse_cdf(w, u)
     p = Dist.from_probs(np.array([0.1, 0.0, 0.5, 0.4, 0.0]))
     q = Dist.from_probs(np.array([0.3, 0.3, 0.0, 0.2, 0.2]))
     assert p.small and q.small

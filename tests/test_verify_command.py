@@ -31,7 +31,7 @@ def test_passes_on_a_correct_pair(small_bundle, sampling):
 
 
 def test_fails_with_an_injected_wrong_verifier(small_bundle):
-    r = verify(small_bundle, configure=lambda gen: setattr(gen, "_sampled_verify", wrong_verify))
+    r = verify(small_bundle, configure=lambda gen: setattr(gen, "sampled_verify", wrong_verify))
     assert r["verdict"] == "fail" and r["distribution"]["p_value"] < 1e-3
 
 

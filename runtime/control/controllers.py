@@ -28,15 +28,32 @@ acceptance per position, pooled with what it started from.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
+from typing import Callable
 
 from ..config import SpeculationConfig
 from .costmodel import best_gamma, predicted_speedup
 
 
+@dataclass(frozen=True)
+class Lessons:
+    """What a controller that plans learned in one request, for the next (``ProfileMemory.learn`` reads it)."""
+
+    rounds: int                 # rounds it learned from
+    settled: bool               # enough of them (EXPLORE_EVERY) to correct the stored profile
+    acceptance: dict            # the next request's starting acceptance (``carried_acceptance``)
+    timings: dict               # the pass sizes it timed (``carried_timings``)
+    timed_sizes: int            # how many pass sizes it timed
+    worst_drift: float | None   # the timed/profile cost ratio farthest from 1 (``worst_drift``)
+    shape_drift: tuple[float, int] | None  # how far the timed costs' shape is from the profile's
+    learned_profile: Callable[[], dict]    # costs for a stored profile (computed when asked)
+    times_draft: bool           # a draft model's steps were timed (not n-gram lookups)
+
+
 class Controller:
     """What the decode loop asks of a gamma controller: ``choose`` before each round, ``update`` after it; and
-    what a request keeps of it (``plans``: it chose gamma and what it learned may be kept)."""
+    what a request keeps of it (``plans``: it chose gamma; ``lessons``: what it learned, to be kept)."""
 
     plans = False         # chooses gamma (what it learns may be kept for the next request)
     reads_masses = False  # learns acceptance from sum_x min(p, q) when sampling
@@ -54,6 +71,10 @@ class Controller:
 
     def live_costs(self) -> list[float] | None:
         """The target's pass costs C_t(1..) for a drafter that sizes its proposals by cost (None: unknown)."""
+        return None
+
+    def lessons(self) -> Lessons | None:
+        """What the next request may keep of this one (None: nothing, as for a gamma that was not chosen)."""
         return None
 
 
@@ -306,6 +327,14 @@ class AutoController(Controller):
         timed = {k: (self.target_costs[k - 1], self.rounds - at, self.timed_count[k])
                  for k, at in self.timed_at.items() if k <= len(self.target_costs)}
         return {"timed": timed, "draft_cost": self.draft_cost}
+
+
+    def lessons(self) -> Lessons | None:
+        if not self.plans:
+            return None
+        return Lessons(self.rounds, self.rounds >= self.EXPLORE_EVERY, self.carried_acceptance(),
+                       self.carried_timings(), len(self.timed_at), self.worst_drift(), self.shape_drift(),
+                       self.learned_profile, self.draft_lm is not None)
 
 
 class TimedFixedController(AutoController):

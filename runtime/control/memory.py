@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .calibrate import load_profile, measure, save_profile
-from .controllers import Controller, stored_acceptance
+from .controllers import Lessons, stored_acceptance
 
 
 class ProfileMemory:
@@ -18,10 +18,10 @@ class ProfileMemory:
     DRIFT = 1.25
     MOVED = 0.05  # a per-position acceptance this far from the stored one is stored again
 
-    def __init__(self, root: Path, provider: str):
+    def __init__(self, root: Path, provider: str, data: dict | None = None, read: bool = False):
         self.root, self.provider = root, provider
-        self.data: dict | None = None  # the profile, once read or measured
-        self._read = False             # the stored profile was looked for
+        self.data = data    # the profile, once read or measured
+        self._read = read   # the stored profile was looked for
         # the last auto controller's per-position acceptance, per mode: a request is too short to learn from a
         # neutral guess, and this pair's drafts agree about as well next time (also kept in the stored profile)
         self.acceptance_prior: dict = {}
@@ -31,9 +31,7 @@ class ProfileMemory:
 
     def sibling(self) -> "ProfileMemory":
         """A memory for another generator over the same models: the same profile, priors of its own."""
-        twin = ProfileMemory(self.root, self.provider)
-        twin.data, twin._read = self.data, self._read
-        return twin
+        return ProfileMemory(self.root, self.provider, self.data, self._read)
 
     def measured(self, target, draft_lm) -> dict:
         """The profile, measured on these models (and stored) when none is stored for this machine."""
@@ -54,32 +52,32 @@ class ProfileMemory:
         self.data = profile
         save_profile(self.root, self.provider, profile)
 
-    def learn(self, controller: Controller, mode: str, bitwise: bool) -> None:
-        """Keep an auto controller's acceptance and pass timings for the next request (the acceptance also in the
-        stored profile, once a request measured enough of it), and store the pass costs it timed when they are
+    def learn(self, lessons: Lessons | None, mode: str, bitwise: bool) -> None:
+        """Keep what an auto controller learned (its ``lessons``): its acceptance and pass timings for the next
+        request (the acceptance also in the stored profile, once a request measured enough of it), and store the pass costs it timed when they are
         well below the profile's (the profile was measured on a busy machine, or the machine got faster): a
         re-calibration for free. Timings above the profile's are not stored (they may say only that the machine
         is busy now), except for their shape: when the sizes' costs relative to each other contradict the
         profile's, the timed shape is stored at the profile's level."""
-        if not controller.plans:
+        if lessons is None:
             return  # a fixed gamma's timings and acceptance are not kept
-        if controller.rounds:
-            self.acceptance_prior[mode] = carried = controller.carried_acceptance()
-            self.timing_prior[bool(bitwise)] = controller.carried_timings()
+        if lessons.rounds:
+            self.acceptance_prior[mode] = carried = lessons.acceptance
+            self.timing_prior[bool(bitwise)] = lessons.timings
             seen = {"alphas": carried["alphas"], "measured": carried["measured"]}
-            if controller.rounds >= controller.EXPLORE_EVERY and self.data is not None:
+            if lessons.settled and self.data is not None:
                 stored = stored_acceptance(self.data)
                 old = stored.get(mode, {}).get("alphas", [])
                 if len(old) != len(seen["alphas"]) or max(abs(a - b) for a, b in zip(old, seen["alphas"])) > self.MOVED:
                     self.store(dict(self.data, acceptance={**stored, mode: seen}))
-        if self.data is None or len(controller.timed_at) < 2 or controller.rounds < controller.EXPLORE_EVERY:
+        if self.data is None or lessons.timed_sizes < 2 or not lessons.settled:
             return  # nothing to correct, or too little evidence
-        drift = controller.worst_drift()
+        drift = lessons.worst_drift
         faster = drift is not None and drift < 1 / self.DRIFT
-        shape = controller.shape_drift()
+        shape = lessons.shape_drift
         if not faster and (shape is None or shape[0] <= self.DRIFT):
             return
-        learned = controller.learned_profile()
+        learned = lessons.learned_profile()
         costs = learned["target_costs"]
         old = list(self.data.get("target_costs") or [])
         if faster:
@@ -91,6 +89,6 @@ class ProfileMemory:
         # C_t(1) stays as measured (bitwise decoding times two-position passes in its place), and only a model
         # drafter's timings say anything about the draft's step (only when faster: a slower one may be load)
         stored["target_costs"] = old[:1] + costs[1:]
-        if faster and controller.draft_lm is not None and learned["draft_cost"] is not None:
+        if faster and lessons.times_draft and learned["draft_cost"] is not None:
             stored["draft_cost"] = learned["draft_cost"]
         self.store(stored)

@@ -11,7 +11,7 @@ from ..errors import BundleError, CacheOverflowError, ModelRunError, ProviderUna
 from .cache import ELEM, NP_DTYPE, GrowingCache, StaticCache
 from .graphs import topk_graph
 from .rows import DeviceRows, TopRows
-from .session import LOGITS_PLACES, _missing_provider, ort, providers_for, session_options
+from .session import LOGITS_PLACES, missing_provider, ort, providers_for, session_options
 from .slots import HostSlot, HostSlots
 
 
@@ -48,7 +48,7 @@ class CausalLM:
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ModelRunError(f"onnxruntime cannot load {model_path}: {exc}") from None
         if providers[0] not in self.session.get_providers():  # onnxruntime falls back to the CPU with a warning
-            raise ProviderUnavailableError(_missing_provider(providers[0], loaded=False))
+            raise ProviderUnavailableError(missing_provider(providers[0], loaded=False))
         self._check_graph_names()
         if trim not in ("auto", "graph", "host"):
             raise ValueError(f"trim must be 'auto', 'graph' or 'host', got {trim!r}")

@@ -100,11 +100,11 @@ def providers_for(provider: str) -> list:
         raise ValueError(f"provider must be 'cpu' or 'cuda', got {provider!r}")
     name = PROVIDERS[provider]
     if name not in ort.get_available_providers():
-        raise ProviderUnavailableError(_missing_provider(name))
+        raise ProviderUnavailableError(missing_provider(name))
     return [name] if provider == "cpu" else [name, "CPUExecutionProvider"]
 
 
-def _missing_provider(name: str, loaded: bool = True) -> str:
+def missing_provider(name: str, loaded: bool = True) -> str:
     """What to do when onnxruntime cannot run ``name``: the fix depends on which builds are installed."""
     builds = installed_builds()
     here = f"onnxruntime {ort.__version__} ({' + '.join(builds) or 'unknown build'})"

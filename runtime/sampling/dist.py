@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .kernels import (LEAN_MAX, RESIDUAL_EPS, THIN_TOTAL, _inverse_cdf, _total,
+from .kernels import (LEAN_MAX, RESIDUAL_EPS, THIN_TOTAL, inverse_cdf, weights_total,
                       block_sums, draw_weights, head_first, head_first_lists, inverse_cdf_list, min_mass_lists,
                       sample_weights, acceptance_probability)
 
@@ -32,7 +32,7 @@ class Dist:
         self.tokens, self.plist = tokens, plist
         self.weights, self.total = weights, total
         self.head = head  # the ids drawn first (``head_ids``): a list, a function that makes it, or None
-        self.blocks = blocks  # a dense row's block sums as ``_total`` made them (``block_sums``), or None
+        self.blocks = blocks  # a dense row's block sums as ``weights_total`` made them (``block_sums``), or None
 
     @staticmethod
     def from_probs(probs: np.ndarray, small: bool | None = None) -> "Dist":
@@ -115,7 +115,7 @@ class Dist:
             return tokens[inverse_cdf_list(plist, u)]
         if self._ids is not None:
             ids, probs = (self._ids, self._probs) if head is None else head_first(self._ids, self._probs, head)
-            return int(ids[_inverse_cdf(probs, u)])
+            return int(ids[inverse_cdf(probs, u)])
         return draw_weights(self.weights, self.total, u, head, self.blocks)
 
     def head_ids(self) -> list[int] | None:
@@ -233,7 +233,7 @@ def residual_draw(target: Dist, draft: Dist, u: float) -> int:
         weights[ids] = ((p_there - overlap) * target.total).astype(np.float32)
         try:
             blocks = block_sums(weights)
-            return draw_weights(weights, _total(weights, blocks), u, head, blocks)
+            return draw_weights(weights, weights_total(weights, blocks), u, head, blocks)
         finally:
             weights[ids] = was
     width = max(x.weights.size if not x.sparse else int(x.ids.max()) + 1 for x in (target, draft))

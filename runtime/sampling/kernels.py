@@ -21,12 +21,12 @@ LEAN_MAX = 256        # a top-k row of at most this many candidates is finished 
 THIN_TOTAL = 2 * (LAZY_TOP - 1)  # a dense row of a larger total is thin (Dist._thin): its head holds at most half
 LOG2_E = 1.4426950408889634  # 1 / ln 2
 HIST_SHIFT = 16       # float32 bits >> 16: sign, exponent and 7 mantissa bits name a bucket of the nucleus search
-BUCKETS = 128 * 128   # buckets of weights in [0, 1] (1.0's is 0x3F80), whole groups of GROUP for _reaching
+BUCKETS = 128 * 128   # buckets of weights in [0, 1] (1.0's is 0x3F80), whole groups of GROUP for mass_reaching
 
 
-_NO_IDS, _NO_SCORES = np.zeros(0, np.int64), np.zeros(0, np.float32)  # (read only)
+NO_IDS, NO_SCORES = np.zeros(0, np.int64), np.zeros(0, np.float32)  # (read only)
 _ONES = np.ones(BLOCK_ROWS, dtype=np.float32)  # block sums as a product with it (BLAS)
-_NO_IDS.flags.writeable = _NO_SCORES.flags.writeable = _ONES.flags.writeable = False
+NO_IDS.flags.writeable = NO_SCORES.flags.writeable = _ONES.flags.writeable = False
 
 
 def acceptance_probability(p_token: float, q_token: float) -> float:
@@ -37,7 +37,7 @@ def acceptance_probability(p_token: float, q_token: float) -> float:
 
 
 def inverse_cdf_list(plist: list[float], u: float) -> int:
-    """``_inverse_cdf`` over a Python list (the same running sums, left to right, so the same draw for the same
+    """``inverse_cdf`` over a Python list (the same running sums, left to right, so the same draw for the same
     numbers): the first index whose running sum exceeds u times the total."""
     sums = list(accumulate(plist))
     return min(bisect.bisect_right(sums, u * sums[-1]), len(sums) - 1)
@@ -75,7 +75,7 @@ def head_first_lists(tokens: list[int], plist: list[float], head: list[int]) -> 
     return first, [there[t] for t in first]
 
 
-def _inverse_cdf(weights: np.ndarray, u: float) -> int:
+def inverse_cdf(weights: np.ndarray, u: float) -> int:
     cdf = np.cumsum(weights)
     return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), weights.size - 1)
 
@@ -87,7 +87,7 @@ HEAD_MIN = 2.0 ** -10  # a dense row without a head given: weights at least this
 
 def draw_weights(weights: np.ndarray, total: float, u: float, head: list[int] | None = None,
                  blocks: np.ndarray | None = None) -> int:
-    """Inverse-CDF draw from float32 ``weights`` (largest 1, sum ``total`` as ``_total`` gives it) for ``u``: first
+    """Inverse-CDF draw from float32 ``weights`` (largest 1, sum ``total`` as ``weights_total`` gives it) for ``u``: first
     over the ``head`` ids in the order given (float64 running sums), then, past them, over the rest in block
     order (``sample_weights``). The head of a row verified under settings LazyRow serves (``Dist.head_ids``) is
     the entries a pass returns with it, at most LAZY_TOP - 1: where they hold most of the row's mass, LazyRow
@@ -134,7 +134,7 @@ def array_head(scores: np.ndarray, vocab: int) -> list[int]:
     return found[np.lexsort((found, -scores[found]))].tolist()
 
 
-def _restored_head(raw: np.ndarray, ids: np.ndarray, was: np.ndarray, vocab: int) -> list[int]:
+def restored_head(raw: np.ndarray, ids: np.ndarray, was: np.ndarray, vocab: int) -> list[int]:
     """``array_head`` of a row whose entries ``ids`` were changed in place from ``was``."""
     row = raw.copy()
     row[ids] = was
@@ -144,10 +144,10 @@ def _restored_head(raw: np.ndarray, ids: np.ndarray, was: np.ndarray, vocab: int
 def top_head(row, vocab: int) -> list[int]:
     """``array_head`` of a row that brings its largest entries (``top``: the graph's TopK, or the device's)."""
     ids, values, _ = row.top(LAZY_TOP)
-    return _head_of(ids, values, row.width, vocab)
+    return head_of(ids, values, row.width, vocab)
 
 
-def _head_of(ids, values, width: int, vocab: int) -> list[int]:
+def head_of(ids, values, width: int, vocab: int) -> list[int]:
     """``array_head`` from a row's largest entries (at least LAZY_TOP of them where the row has more, descending)."""
     ids = ids.tolist() if isinstance(ids, np.ndarray) else ids
     values = values.tolist() if isinstance(values, np.ndarray) else values
@@ -155,7 +155,7 @@ def _head_of(ids, values, width: int, vocab: int) -> list[int]:
     n = 0
     while n < len(values) and values[n] > kth:
         n += 1
-    if _descending(values[:n]) and all(t < vocab for t in ids[:n]):  # (no ties: already largest first)
+    if is_descending(values[:n]) and all(t < vocab for t in ids[:n]):  # (no ties: already largest first)
         return ids[:n]
     return [t for _, t in sorted((-v, t) for t, v in zip(ids[:n], values[:n]) if t < vocab)]
 
@@ -167,7 +167,7 @@ def sample_weights(weights: np.ndarray, u: float, blocks: np.ndarray | None = No
     cols = width // BLOCK_ROWS
     if cols < 2:
         wide = weights.astype(np.float64)
-        return _inverse_cdf(wide, u) if wide.sum() > 0 else -1
+        return inverse_cdf(wide, u) if wide.sum() > 0 else -1
     body = weights[:cols * BLOCK_ROWS].reshape(BLOCK_ROWS, cols)
     block = block_sums(weights) if blocks is None else blocks
     tail = weights[cols * BLOCK_ROWS:].astype(np.float64)
@@ -177,18 +177,18 @@ def sample_weights(weights: np.ndarray, u: float, blocks: np.ndarray | None = No
         return -1
     x = u * (cum[-1] + tail_sum)
     if x >= cum[-1] and tail.size and tail_sum > 0:
-        return cols * BLOCK_ROWS + _inverse_cdf(tail, (x - cum[-1]) / tail_sum)
+        return cols * BLOCK_ROWS + inverse_cdf(tail, (x - cum[-1]) / tail_sum)
     j = min(int(np.searchsorted(cum, x, side="right")), cols - 1)
     while block[j] <= 0:  # rounding pushed x past the last block with mass
         j -= 1
     inside = body[:, j].astype(np.float64)
     r = (x - (cum[j - 1] if j else 0.0)) / inside.sum()
-    return _inverse_cdf(inside, min(max(r, 0.0), 1.0)) * cols + j
+    return inverse_cdf(inside, min(max(r, 0.0), 1.0)) * cols + j
 
 
 def block_sums(weights: np.ndarray) -> np.ndarray | None:
     """The float32 sums of a row's blocks (BLAS; the columns of its [BLOCK_ROWS, width / BLOCK_ROWS] view), which
-    ``_total`` adds up and a draw in block order searches; None for a row narrower than two blocks."""
+    ``weights_total`` adds up and a draw in block order searches; None for a row narrower than two blocks."""
     cols = weights.size // BLOCK_ROWS
     if cols < 2:
         return None
@@ -216,10 +216,10 @@ def top_candidates(scores: np.ndarray, k: int) -> np.ndarray:
     return np.concatenate([found, tail]) if tail.size else found
 
 
-GROUP = 128  # buckets per group in _reaching
+GROUP = 128  # buckets per group in mass_reaching
 
 
-def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
+def mass_reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
     """The first index where the running sum of ``mass`` (float64, >= 0) reaches ``target`` (the last index when
     none does), and the sum before it. In two levels: sums of groups of GROUP, their running sums, then the
     running sums inside the one group that reaches it (NumPy's cumsum over the 16k buckets of a nucleus search
@@ -244,7 +244,7 @@ def _reaching(mass: np.ndarray, target: float) -> tuple[int, float]:
     return j, float(upto[j - 1]) if j else 0.0
 
 
-def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[int], list[float], float]:
+def heavy_prefix(tokens: list[int], plist: list[float], budget: float) -> tuple[list[int], list[float], float]:
     """The tokens of a small distribution without its lightest ones, which together hold at most ``budget``
     (tokens, probabilities, and the mass left out)."""
     order = sorted(range(len(plist)), key=plist.__getitem__)
@@ -257,13 +257,13 @@ def _heavy(tokens: list[int], plist: list[float], budget: float) -> tuple[list[i
     return [], [], tail
 
 
-def _descending(values: list[float]) -> bool:
+def is_descending(values: list[float]) -> bool:
     """Whether scores are strictly descending (no ties): then they are in the top-p order (-score, -id) as they
     stand."""
     return all(map(operator.gt, values, islice(values, 1, None)))
 
 
-def _total(weights: np.ndarray, blocks: np.ndarray | None = None) -> float:
+def weights_total(weights: np.ndarray, blocks: np.ndarray | None = None) -> float:
     """Sum of float32 weights, accumulated per block in float32 (BLAS: ``block_sums``, or the ``blocks`` given)
     and across blocks in float64."""
     cols = weights.size // BLOCK_ROWS

@@ -1,20 +1,20 @@
 """LazyRow: a target row verified from its normalizer and largest entries, read whole only where they do not settle it."""
 from __future__ import annotations
 
-from array import array
 import math
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .dist import Dist
-from .kernels import (LAZY_TOP, RESIDUAL_EPS, LOG2_E, THIN_TOTAL, _descending, _head_of, _heavy, acceptance_probability)
+from .kernels import (LAZY_TOP, RESIDUAL_EPS, LOG2_E, THIN_TOTAL, is_descending, head_of, heavy_prefix, acceptance_probability)
 from .rows import Row
+from .rules import penalized32
 
 if TYPE_CHECKING:
-    from .pipeline import LogitsPipeline
+    from .rules import RowRules
 
-def thin_head(row, pipe: "LogitsPipeline") -> bool:
+def thin_head(row, pipe: "RowRules") -> bool:
     """Whether a dense row's head (the entries read but the last: each weighs at most the largest, 1) holds at
     most half of its mass, told from the graph's normalizer: a draw from it then needs the whole row more often
     than not. (A penalty lowers some weights, so the raw normalizer is a rough guide there: this only chooses
@@ -28,13 +28,13 @@ def thin_head(row, pipe: "LogitsPipeline") -> bool:
 WIDE = 1.01  # a nucleus whose mass (top_p times the total) is above WIDE * LAZY_TOP is wide (wide_nucleus)
 
 
-def _wide(top_p: float, total: float) -> bool:
+def nucleus_is_wide(top_p: float, total: float) -> bool:
     """Whether a nucleus of top_p times a row's total (or a bound on it; weights at most 1) is wide: more mass
     than the LAZY_TOP entries a pass returns can hold, with WIDE's margin."""
     return top_p * total > WIDE * LAZY_TOP
 
 
-def wide_nucleus(row, pipe: "LogitsPipeline", base: Sequence[int] = (), new: Sequence[int] = ()) -> bool:
+def wide_nucleus(row, pipe: "RowRules", base: Sequence[int] = (), new: Sequence[int] = ()) -> bool:
     """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
     graph's normalizer: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP of
     the total, and where top_p of the total is more, the nucleus keeps tokens not read. LazyRow could settle
@@ -52,11 +52,11 @@ def wide_nucleus(row, pipe: "LogitsPipeline", base: Sequence[int] = (), new: Seq
     if norm is None or row.width != pipe.vocab_size:
         return False
     scale, z_graph, _ = norm
-    if abs(scale * cfg.temperature - 1.0) > 1e-9 or not _wide(cfg.top_p, z_graph):
+    if abs(scale * cfg.temperature - 1.0) > 1e-9 or not nucleus_is_wide(cfg.top_p, z_graph):
         return False
     if pipe.processes:
         z_graph -= sum(map(len, pipe.changed_ids(base, new)))  # (an id in two of the sets counted twice: less)
-    return _wide(cfg.top_p, z_graph)
+    return nucleus_is_wide(cfg.top_p, z_graph)
 
 
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
@@ -103,7 +103,7 @@ class LazyRow:
     ULP = 2.0 ** -24
     MASS_WIDTH = 1e-3  # sum min(p, q) is taken from the bounds when they hold it this tightly (statistics only)
 
-    def __init__(self, pipe: "LogitsPipeline", row, base: Sequence[int], new: Sequence[int]):
+    def __init__(self, pipe: "RowRules", row, base: Sequence[int], new: Sequence[int]):
         self.pipe, self.row, self.base, self.new = pipe, row, base, new
         self._dist: Dist | None = None
         self._read = None  # (processed scores of the tokens read, max score, 1/T, the total's lower and upper bound,
@@ -138,11 +138,11 @@ class LazyRow:
         another order: ``Dist.head_ids``), its nucleus may be wide by the row's total (``row`` draws those without
         one) or, without top-p, the row may be thin (``Dist._thin``: drawn without one where verification hands
         further uniform numbers), None where the row gives none."""
-        if not self.pipe._lazy_rows():
+        if not self.pipe.lazy_rows():
             return self.NEVER
         read = self._bounds()
         top_p = self.pipe.config.top_p
-        if isinstance(read, tuple) and (_wide(top_p, read[4]) if top_p < 1.0 else read[4] > THIN_TOTAL):
+        if isinstance(read, tuple) and (nucleus_is_wide(top_p, read[4]) if top_p < 1.0 else read[4] > THIN_TOTAL):
             return self.NEVER  # (read[4]: the total's upper bound, finite)
         return read
 
@@ -161,7 +161,7 @@ class LazyRow:
     def _head(self) -> list[int]:
         """The row's head (``Dist.head_ids``), from the largest entries read."""
         if isinstance(self._hd, tuple):
-            self._hd = _head_of(*self._hd, self.pipe.vocab_size) if self._hd else []
+            self._hd = head_of(*self._hd, self.pipe.vocab_size) if self._hd else []
         return self._hd
 
     def _head_p(self, kept, scores: dict, top: float, inv_t: float) -> tuple[list, list, list]:
@@ -277,7 +277,7 @@ class LazyRow:
         First without q's lightest tokens, together at most MASS_WIDTH / 4 of it (they add between 0 and their q:
         p is not read there; most of a draft's 64 tokens carry almost none of its mass), then with all of them."""
         if self._dist is None and other.small:
-            lean = _heavy(other.tokens, other.plist, self.MASS_WIDTH / 4)
+            lean = heavy_prefix(other.tokens, other.plist, self.MASS_WIDTH / 4)
             for tokens, plist, tail in (lean, (other.tokens, other.plist, 0.0)):
                 for _ in range(2):
                     bounds = self._p_bounds(tokens)
@@ -321,7 +321,7 @@ class LazyRow:
         m = float(values[0])  # the largest logit of the graph's row: the normalizer's reference
         raw_read = dict(zip(*(x.tolist() if isinstance(x, np.ndarray) else list(x) for x in found[:2]))) \
             if pipe.processes and not exact else None  # (the raw scores, as read before processing)
-        read = pipe._read_top(self.row, 0, self.base, self.new, found=found)
+        read = pipe.read_top(self.row, 0, self.base, self.new, found=found)
         if read is None:
             return None
         tok, val, bound = read
@@ -381,7 +381,7 @@ class LazyRow:
         """The tokens read that score above ``bound`` in the top-p order (score, then id, both descending): (their scores, their
         ids, how many)."""
         values = list(scores.values())
-        if not self.pipe.processes and _descending(values):
+        if not self.pipe.processes and is_descending(values):
             # the raw entries in the strictly descending order read: already the top-p order
             toks, n = list(scores), len(values)
             while n and values[n - 1] <= bound:
@@ -394,7 +394,7 @@ class LazyRow:
         """Top-p over the tokens read (``order``, as ``_top_p_order`` gives them): (the kept ones, bounds of the
         kept weights' sum, True) when the bounds settle the cut among them (the mass before a token, in the top-p
         order, decidedly below top_p, or the mass through it decidedly at or above). The probability of a kept
-        token is then its weight over that sum (``LogitsPipeline._top_p`` renormalizes the kept probabilities; the
+        token is then its weight over that sum (``LogitsPipeline.top_p_dist`` renormalizes the kept probabilities; the
         total cancels). Only tokens scoring above ``bound`` are in their final order (a token not read, or
         penalized, is at most it).
 
@@ -454,7 +454,7 @@ class LazyRow:
         """What the processors change in the normalizer (reference ``m``): the raw terms of the ids they change,
         and those less the processed terms (float64)."""
         row = self.row.numpy()
-        ids, new_values = self.pipe._changes(row[:self.pipe.vocab_size], self.base, self.new)
+        ids, new_values = self.pipe.changes(row[:self.pipe.vocab_size], self.base, self.new)
         if not ids.size:  # (each id once)
             return 0.0, 0.0
         raw = float(np.exp((row[ids].astype(np.float64) - m) * inv_t).sum())
@@ -473,12 +473,12 @@ class LazyRow:
         miss = [t for t in tokens if t not in scores and 0 <= t < vocab]
         if miss:  # tokens below the largest entries: their raw scores from the row, processed here
             seen, new, banned = self._changed_ids()
-            t32 = self.pipe._theta32
+            t32 = self.pipe.theta32
             for t, r in zip(miss, self.row.numpy()[miss].tolist()):
                 if t in banned:
                     r = -math.inf
                 elif t in seen or t in new:  # penalized as a float32 row is
-                    r = array("f", [r * t32 if r < 0 else r / t32])[0]
+                    r = penalized32(r, t32)
                 scores[t] = r
         out = []
         for t in tokens:

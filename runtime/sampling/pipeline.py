@@ -10,7 +10,6 @@ through those wherever they settle the result.
 """
 from __future__ import annotations
 
-from array import array
 import bisect
 from itertools import accumulate
 import math
@@ -21,10 +20,11 @@ import numpy as np
 
 from ..config import SamplingConfig, draft_sampling
 from .dist import Dist
-from .kernels import (BUCKETS, HIST_SHIFT, LAZY_TOP, LEAN_MAX, LOG2_E, SPARSE_MAX, _NO_IDS, _NO_SCORES, _descending,
-                      _reaching, _restored_head, _total, array_head, block_sums, top_candidates, top_head)
-from .lazy import LazyRow, _wide, thin_head, wide_nucleus
+from .kernels import (BUCKETS, HIST_SHIFT, LAZY_TOP, LEAN_MAX, LOG2_E, SPARSE_MAX, NO_IDS, NO_SCORES, is_descending,
+                      mass_reaching, restored_head, weights_total, array_head, block_sums, top_candidates, top_head)
+from .lazy import LazyRow, nucleus_is_wide, thin_head, wide_nucleus
 from .rows import Row, Rows
+from .rules import penalize, penalized32
 from .scratch import Scratch
 
 class LogitsPipeline:
@@ -56,7 +56,7 @@ class LogitsPipeline:
         self._seen: set[int] = set()
         self._seen_order: list[int] = []  # the same ids in the order first seen (the array is made when asked for)
         self._seen_array = np.zeros(0, dtype=np.int64)
-        self._theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
+        self.theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
         bias = [(t, b) for t, b in config.logit_bias if t < self.vocab_size]
         self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
         self._bias_values = np.array([b for _, b in bias], dtype=np.float32)
@@ -71,7 +71,7 @@ class LogitsPipeline:
         rows = np.array(np.asarray(logits)[:, : self.vocab_size], dtype=np.float32)
         skip = max(0, len(new) - rows.shape[0] + 1)  # (the last row reads all of new)
         for i in range(rows.shape[0]):
-            ids, values = self._changes(rows[i], base, new[:skip + i])
+            ids, values = self.changes(rows[i], base, new[:skip + i])
             rows[i, ids] = values
         if not np.all(np.isfinite(rows.max(axis=1))):
             raise ValueError("every token is banned at some position; remove entries from bad_words_ids")
@@ -126,10 +126,10 @@ class LogitsPipeline:
         ids = self._seen_ids()
         return np.concatenate([ids, np.asarray(extra, dtype=np.int64)]) if extra else ids
 
-    def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    def changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
         if not self.processes:
-            return _NO_IDS, _NO_SCORES
+            return NO_IDS, NO_SCORES
         seen = self._seen_tokens(base, new) if self.config.repetition_penalty != 1.0 else np.zeros(0, np.int64)
         if self._bias_ids.size:  # the bias first (as transformers' SequenceBias), then the penalty where it reads
             ids = np.union1d(seen, self._bias_ids)
@@ -137,10 +137,10 @@ class LogitsPipeline:
             values[np.searchsorted(ids, self._bias_ids)] += self._bias_values.astype(row.dtype)
             if seen.size:
                 at = np.isin(ids, seen)
-                values[at] = self._penalize(values[at])
+                values[at] = penalize(values[at], self.config.repetition_penalty)
             seen = ids
         else:
-            values = self._penalize(row[seen])
+            values = penalize(row[seen], self.config.repetition_penalty)
         if not self.config.bad_words_ids:
             return seen, values
         banned = self._banned_now(base, new)
@@ -148,13 +148,6 @@ class LogitsPipeline:
             keep = ~np.isin(seen, banned)
             seen, values = seen[keep], values[keep]
         return np.concatenate([seen, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
-
-    def _penalize(self, values: np.ndarray) -> np.ndarray:
-        """Repetition penalty (as transformers): positive scores divided by it, negative ones multiplied."""
-        theta = self.config.repetition_penalty  # (a Python float: the products and quotients in values' dtype)
-        out = np.divide(values, theta)
-        np.multiply(values, theta, out=out, where=values < 0)  # (three NumPy calls: each costs after a pass)
-        return out
 
     def changed_ids(self, base: Sequence[int], new: Sequence[int]) -> tuple:
         """(the context's distinct ids, the new ones, the banned ones) as sets (empty where no processor reads
@@ -203,7 +196,7 @@ class LogitsPipeline:
             return 1 + self.TOP_MARGIN
         if cfg.top_k and cfg.top_k + self.TOP_MARGIN <= LEAN_MAX and cfg.top_k < self.vocab_size:
             return cfg.top_k + self.TOP_MARGIN
-        if self._lazy_rows():
+        if self.lazy_rows():
             return LAZY_TOP
         return 0
 
@@ -213,7 +206,7 @@ class LogitsPipeline:
     # 2.83 vs 2.22)
     LAZY_PENALTY_VOCAB = 100_000
 
-    def _lazy_rows(self) -> bool:
+    def lazy_rows(self) -> bool:
         """Whether verification settles this pipeline's rows with LazyRow: sampling without top-k (with or
         without top-p), without a repetition penalty or, from LAZY_PENALTY_VOCAB entries, with one above 1."""
         cfg = self.config
@@ -224,7 +217,7 @@ class LogitsPipeline:
     def norm_scale(self) -> float:
         """The scale of the normalizer a pass computes per row where its graph has one (1 / temperature): what
         LazyRow reads; 0 when these rules do not read it."""
-        return 1.0 / self.config.temperature if self._lazy_rows() else 0.0
+        return 1.0 / self.config.temperature if self.lazy_rows() else 0.0
 
     def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
         """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
@@ -233,7 +226,7 @@ class LogitsPipeline:
         penalized (whose bookkeeping then buys little: a flat row's verdicts are rarely settled, its draws
         seldom), or its top-p nucleus is wide (``wide_nucleus``); else ``row`` (in place: a row is verified
         once)."""
-        if isinstance(logits, Row) and self._lazy_rows() and not wide_nucleus(logits, self, base, new) and \
+        if isinstance(logits, Row) and self.lazy_rows() and not wide_nucleus(logits, self, base, new) and \
                 not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
@@ -255,13 +248,13 @@ class LogitsPipeline:
         bound the device returns; when the k-th largest processed score read is above that bound, the entries
         read at or above it are exactly those the full row would keep.
         """
-        read = self._read_top(drow, k + self.TOP_MARGIN, base, new)
+        read = self.read_top(drow, k + self.TOP_MARGIN, base, new)
         if read is None:
             return None
         tok, val, bound = read
         if len(tok) < k:
             return None
-        if not self.processes or _descending(val):
+        if not self.processes or is_descending(val):
             kth = val[k - 1]  # no processor moved an entry out of the descending order the row gave them
             n = k
             while n < len(val) and val[n] >= kth:
@@ -278,7 +271,7 @@ class LogitsPipeline:
             n += 1
         return [-t for _, t in order[:n]], [-v for v, _ in order[:n]], kth
 
-    def _read_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], found=None):
+    def read_top(self, drow, k: int, base: Sequence[int], new: Sequence[int], found=None):
         """(ids, processed scores, bound) of the ``k`` largest entries ``drow.top`` returns (or of ``found``, what
         it returned), as Python lists (ids inside the vocabulary; banned ones at -inf), and the bound every entry
         not read is at most, processed or not; None with a penalty below 1 (it raises entries from anywhere)."""
@@ -300,11 +293,9 @@ class LogitsPipeline:
                 val = list(val)  # (the lists read are not changed)
                 # float32 products and quotients, as NumPy makes them on float32 rows (rounded through ``one``:
                 # a float64 product or quotient of two float32 numbers rounds to float32 as float32 arithmetic does)
-                one, by = array("f", [0.0]), self._theta32
                 for j, t in enumerate(tok):
                     if t in hits:
-                        one[0] = val[j] * by if val[j] < 0 else val[j] / by
-                        val[j] = one[0]
+                        val[j] = penalized32(val[j], self.theta32)
         if self.config.bad_words_ids:
             banned = set(self._banned_list(base, new))
             val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
@@ -323,7 +314,7 @@ class LogitsPipeline:
                 found = self._device_top(logits, cfg.top_k, base, new)
                 if found is not None and math.isfinite(found[2]):
                     return self._sparse(found[0], found[1])
-            if self._lazy_rows():
+            if self.lazy_rows():
                 drow, vocab = logits, self.vocab_size
                 head = lambda: top_head(drow, vocab)  # noqa: E731 (read from its top entries when a draw needs it)
             # settings without top-k read the whole row (in place only where it is a host pass's own buffer)
@@ -332,14 +323,14 @@ class LogitsPipeline:
         scores = raw[: self.vocab_size]
         if scores.dtype != np.float32:
             scores, inplace = scores.astype(np.float32), True
-        ids, values = self._changes(scores, base, new)
-        if head is None and self._lazy_rows():
+        ids, values = self.changes(scores, base, new)
+        if head is None and self.lazy_rows():
             # a host row: its head from the raw entries when a draw needs it (those the processors are about to
             # change in place kept aside: a whole row is mostly read for a verdict, not drawn from)
             vocab = self.vocab_size
             if ids.size and inplace:
                 changed, was = ids, scores[ids]
-                head = lambda: _restored_head(raw, changed, was, vocab)  # noqa: E731
+                head = lambda: restored_head(raw, changed, was, vocab)  # noqa: E731
             else:
                 head = lambda: array_head(raw, vocab)  # noqa: E731
         if ids.size:
@@ -364,12 +355,12 @@ class LogitsPipeline:
         weights *= np.float32(LOG2_E / cfg.temperature)
         np.exp2(weights, out=weights)  # exp((s - max) / T); NumPy's float32 exp2 is nearly twice as fast as exp
         blocks = block_sums(weights)
-        total = _total(weights, blocks)
+        total = weights_total(weights, blocks)
         if cfg.top_p < 1.0:
             got = self._nucleus(weights, total)
             # a wide nucleus (``wide_nucleus``, told from the total: LazyRow draws from none, see _draw_bounds) is
             # drawn without a head: a dense one in block order over the kept weights, none set aside first
-            got.head = [] if head is not None and _wide(cfg.top_p, total) else head
+            got.head = [] if head is not None and nucleus_is_wide(cfg.top_p, total) else head
             return got
         return Dist(weights=weights, total=total, head=head, blocks=blocks)
 
@@ -390,7 +381,7 @@ class LogitsPipeline:
             return self._nucleus_sorted(ids[order], e / e.sum())
         tok = ids.tolist() if isinstance(ids, np.ndarray) else ids
         val = scores.tolist() if isinstance(scores, np.ndarray) else scores
-        if not _descending(val):  # (as the graph returns a row's largest entries, they already are the top-p order)
+        if not is_descending(val):  # (as the graph returns a row's largest entries, they already are the top-p order)
             order = sorted(zip(map(operator.neg, val), map(operator.neg, tok)))  # the top-p order (-score, -id)
             val, tok = [-v for v, _ in order], [-t for _, t in order]
         temperature = self.config.temperature
@@ -411,7 +402,7 @@ class LogitsPipeline:
         by_id = sorted(range(n), key=tok.__getitem__)
         return Dist(tokens=[tok[i] for i in by_id], plist=[probs[i] for i in by_id])
 
-    def _top_p(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
+    def top_p_dist(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
         """Keep the smallest set of tokens whose cumulative probability reaches top_p, then sort by id.
 
         Hugging Face's rule (drop tokens whose ascending cumulative probability is
@@ -423,7 +414,7 @@ class LogitsPipeline:
         return self._nucleus_sorted(ids[order], probs[order])
 
     def _nucleus_sorted(self, ids: np.ndarray, probs: np.ndarray) -> Dist:
-        """``_top_p`` on rows already in the top-p order: the kept prefix (underflowed zeros, a suffix there,
+        """``top_p_dist`` on rows already in the top-p order: the kept prefix (underflowed zeros, a suffix there,
         dropped), renormalized, sorted by id."""
         n = int(np.count_nonzero(probs))
         if self.config.top_p < 1.0:
@@ -448,7 +439,7 @@ class LogitsPipeline:
         hist.fill(0.0)
         np.add.at(hist, keys, wide)  # (one by one in id order, as bincount adds them)
         self.scratch.give_back(keys, wide)  # (this call's own: free for the next row)
-        j, mass_above = _reaching(hist[::-1], target)  # the first bucket, from the top, whose running sum reaches it
+        j, mass_above = mass_reaching(hist[::-1], target)  # the first bucket, from the top, whose running sum reaches it
         cut = BUCKETS - 1 - j                               # its key, and the weights it holds: [low, high)
         low, high = np.array([cut << HIST_SHIFT, (cut + 1) << HIST_SHIFT], dtype=np.int32).view(np.float32)
         above = np.greater_equal(weights, high, out=self.scratch.take(weights.size, np.bool_))
@@ -486,4 +477,4 @@ def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Keep the smallest set of tokens whose cumulative probability reaches top_p (a dense vector)."""
     pipe = LogitsPipeline(SamplingConfig(do_sample=True, top_p=top_p), probs.shape[0])
     ids = np.flatnonzero(probs > 0)
-    return pipe._top_p(ids, probs[ids] / probs[ids].sum()).dense(probs.shape[0])
+    return pipe.top_p_dist(ids, probs[ids] / probs[ids].sum()).dense(probs.shape[0])

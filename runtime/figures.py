@@ -9,6 +9,9 @@ import statistics
 
 ORTSPEC_DEFAULT = "ortspec hybrid auto"  # the recipes' default decoding, as compare_peers names its row
 LLAMA_ALONE = "llama.cpp target-only (decode)"
+EDIT_NAMES = {"target-only": "ortspec target-only", "default": "ortspec default (hybrid, auto)",
+              "prediction": "ortspec default\n+ the file as prediction", "llama.cpp target-only": "llama.cpp alone",
+              "llama.cpp ngram": "llama.cpp n-gram", "llama.cpp draft model": "llama.cpp draft model"}
 
 
 def _pyplot():
@@ -122,8 +125,9 @@ def frontier_points(reports: list[dict], fidelity_rows: list[dict]) -> list[dict
         fid = fidelity.get(Path(key).name)
         if fid is None:
             raise ValueError(f"no fidelity measurement for {Path(key).name}: run tools/fidelity.py on it")
-        points.setdefault(Path(key).name, {"label": label, "side": side, "top1": fid["top1"],
-                                           "mean_kl": fid["mean_kl"], "ratios": []})["ratios"].append(ratio)
+        name = Path(key).name
+        points.setdefault(name, {"name": name, "label": label, "side": side, "top1": fid["top1"],
+                                 "mean_kl": fid["mean_kl"], "ratios": []})["ratios"].append(ratio)
     for report in reports:
         by = {s["runtime"]: s for s in report["summary"]}
         if LLAMA_ALONE not in by or not report.get("llama_cpp_target"):
@@ -155,4 +159,38 @@ def frontier(points: list[dict], path: str | Path, title: str = "") -> None:
     ax.legend(fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
+def edit(report: dict, path: str | Path) -> None:
+    """tools/edit_bench.py's report: mean decode tokens/s per configuration, greedy and sampled, each bar
+    labelled with its median speedup over the same export's target-only decoding."""
+    plt = _pyplot()
+    summary = report["summary"]
+    modes = list(summary)
+    names = list(next(iter(summary.values())))
+    fig, ax = plt.subplots(figsize=(9, 0.7 + 0.6 * len(names)))
+    height = 0.8 / len(modes)
+    for k, mode in enumerate(modes):
+        ys = [i + (k - (len(modes) - 1) / 2) * height for i in range(len(names))]
+        rates = [summary[mode][n]["decode_tok_s"] for n in names]
+        ax.barh(ys, rates, height=height * 0.95, label=mode)
+        for y, n, rate in zip(ys, names, rates):
+            ax.text(rate, y, f" {summary[mode][n]['speedup_median']:.2f}x", va="center", fontsize=8)
+    fid = report.get("fidelity") or {}
+    labels = []
+    for n in names:
+        side = fid.get("llama.cpp" if n.startswith("llama.cpp") else "ortspec")
+        cell = summary[modes[0]][n]
+        part = f" ({cell['runs']} of {cell['of']} files)" if cell.get("runs", 1) < cell.get("of", 1) else ""
+        labels.append(EDIT_NAMES.get(n, n) + part
+                      + (f"\ntop-1 {side['top1'] * 100:.1f}%, KL {side['mean_kl']:.4f}" if side else ""))
+    ax.set_yticks(range(len(names)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("decode tokens/s, mean over the prompts (the bar's label: median x the export's target-only)")
+    ax.margins(x=0.15)
+    ax.legend(fontsize=8, loc="lower right")
+    rows = report["rows"]
+    ax.set_title(f"edit workload, {Path(report['bundle']).name}: {len({r['prompt'] for r in rows})} files, "
+                 f"{report['max_new_tokens']} tokens", fontsize=10)
     _save(fig, path)

@@ -78,5 +78,11 @@ def test_bench_and_compare_reports_draw(tmp_path):
     figures.bench(bench, tmp_path / "b.png")
     figures.acceptance({"greedy": bench, "sampled": bench}, tmp_path / "a.png")
     figures.versus({"greedy": peers_report("models/compact", 1.02, 1.1)}, tmp_path / "v.png")
-    for name in ("a", "b", "v"):
+    cell = {"decode_tok_s": 10.0, "speedup_median": 1.0}
+    edit = {"bundle": "models/x", "max_new_tokens": 64, "rows": [{"prompt": "a.py"}],
+            "fidelity": {"ortspec": {"top1": 0.98, "mean_kl": 0.001}, "llama.cpp": None},
+            "summary": {m: {"target-only": cell, "prediction": dict(cell, decode_tok_s=40.0, speedup_median=4.0),
+                            "llama.cpp target-only": cell} for m in ("greedy", "sampled")}}
+    figures.edit(edit, tmp_path / "e.png")
+    for name in ("a", "b", "v", "e"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG

@@ -104,6 +104,8 @@ def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampl
                  "--top-k", str(sampling["top_k"]), "--repeat-penalty", str(sampling["repetition_penalty"])]
     else:
         opts += ["--temp", "0"]
+    if draft or spec_type.startswith("ngram"):  # (its prompt goes in one batch: room for a long one)
+        opts += ["-b", "8192", "-c", "8192"]
     if spec_type.startswith("ngram"):
         cmd = [str(Path(bin_dir) / "llama-speculative-simple"), "-m", target, *opts, "--spec-type", spec_type]
     elif draft:

@@ -54,6 +54,28 @@ def edit_prompts(limit: int) -> list[dict]:
     return out
 
 
+def summarize(rows: list[dict], configs, modes) -> dict:
+    """Per mode and configuration: mean decode tokens/s and median speedup over target-only across the prompts
+    where the configuration ran (a failed run, recorded as None or 0, is left out and counted), and the rate
+    against llama.cpp alone on the same prompts where it ran."""
+    summary = {}
+    for mode in modes:
+        mine = [r for r in rows if r["mode"] == mode]
+        summary[mode] = {}
+        for name in configs:
+            ran = [r[name] for r in mine if r[name]["decode_tok_s"]]
+            summary[mode][name] = {"decode_tok_s": statistics.mean(c["decode_tok_s"] for c in ran) if ran else 0.0,
+                                   "speedup_median": statistics.median(c["speedup"] for c in ran) if ran else 0.0,
+                                   "runs": len(ran), "of": len(mine)}
+        if "llama.cpp target-only" in configs:
+            for name, s in summary[mode].items():
+                both = [r for r in mine if r[name]["decode_tok_s"] and r["llama.cpp target-only"]["decode_tok_s"]]
+                if both:
+                    s["x_llama_cpp"] = statistics.mean(r[name]["decode_tok_s"] for r in both) / \
+                        statistics.mean(r["llama.cpp target-only"]["decode_tok_s"] for r in both)
+    return summary
+
+
 def decode_rate(stats) -> float:
     rest = stats.total_time_s - stats.first_token_s
     return (stats.new_tokens - 1) / rest if stats.new_tokens > 1 and rest > 0 else 0.0
@@ -111,7 +133,7 @@ def main() -> int:
                     sampling = {key: v for key, v in SAMPLED.items() if key != "do_sample"} if mode == "sampled" \
                         else None
                     measured = peers[name](text, item["prompt"], args.max_new_tokens, sampling)
-                    rates[name] = measured[0] / measured[1] if measured else 0.0
+                    rates[name] = measured[0] / measured[1] if measured else None  # (a run that failed)
                     continue
                 gen = gens[name]
                 for lm in filter(None, (gen.target, gen.drafter.lm)):
@@ -124,7 +146,8 @@ def main() -> int:
             base = rates["target-only"]
             row = {"prompt": item["id"], "lines": item["lines"], "prompt_tokens": len(ids), "mode": mode}
             for name in configs:
-                row[name] = {"decode_tok_s": rates[name], "speedup": rates[name] / base if base else 0}
+                rate = rates[name]
+                row[name] = {"decode_tok_s": rate, "speedup": rate / base if rate and base else None}
                 if name in got:
                     res = got[name]
                     row[name].update(tokens=len(res.token_ids), tokens_per_round=res.stats.tokens_per_round,
@@ -132,29 +155,23 @@ def main() -> int:
                                      prediction_rejected=res.stats.prediction_rejected)
             rows.append(row)
             print(f"{item['id']:<24}{mode:<8}" + "".join(
-                f"{name} {row[name]['decode_tok_s']:6.1f} tok/s ({row[name]['speedup']:.2f}x)   " for name in configs)
+                f"{name} {row[name]['decode_tok_s']:6.1f} tok/s ({row[name]['speedup']:.2f}x)   "
+                if row[name]["speedup"] else f"{name} failed   " for name in configs)
                 + f"prediction {row['prediction']['prediction_accepted']}/{row['prediction']['prediction_rejected']}"
                   " accepted/rejected", flush=True)
-    summary = {}
     fidelity = {}
     if args.fidelity:  # keyed by resolved path, as tools/fidelity.py writes it
         fidelity = {r["path"]: r for r in json.loads(Path(args.fidelity).read_text())["rows"]}
     sides = {"ortspec": fidelity.get(str(Path(args.bundle).resolve())),
              "llama.cpp": fidelity.get(str(Path(args.llama_cpp_target).resolve())) if args.llama_cpp else None}
+    summary = summarize(rows, configs, modes)
     for mode in modes:
-        mine = [r for r in rows if r["mode"] == mode]
-        summary[mode] = {name: {"decode_tok_s": statistics.mean(r[name]["decode_tok_s"] for r in mine),
-                                "speedup_median": statistics.median(r[name]["speedup"] for r in mine)}
-                         for name in configs}
-        if "llama.cpp target-only" in summary[mode]:
-            alone = summary[mode]["llama.cpp target-only"]["decode_tok_s"]
-            for s in summary[mode].values():
-                s["x_llama_cpp"] = s["decode_tok_s"] / alone if alone else 0.0
         print(f"{mode}:")
         for name, s in summary[mode].items():
             fid = sides["llama.cpp" if name.startswith("llama.cpp") else "ortspec"]
             print(f"  {name:<24}{s['decode_tok_s']:7.1f} tok/s  median {s['speedup_median']:.2f}x target-only"
                   + (f"  {s['x_llama_cpp']:.2f}x llama.cpp alone" if "x_llama_cpp" in s else "")
+                  + (f"  ({s['runs']} of {s['of']} runs)" if s["runs"] < s["of"] else "")
                   + (f"  fidelity top-1 {fid['top1'] * 100:.1f}% KL {fid['mean_kl']:.4f}" if fid else ""))
     if mismatches:
         print(f"{mismatches} greedy prompt(s) gave different tokens across configurations", file=sys.stderr)

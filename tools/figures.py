@@ -7,6 +7,7 @@
         --out docs/figures/versus.png
     python tools/figures.py acceptance --greedy docs/data/bench-gguf-greedy.json \
         --sampled docs/data/bench-gguf-sampled.json --out docs/figures/acceptance.png
+    python tools/figures.py edit --report docs/data/edit-gguf.json --out docs/figures/edit.png
 
 frontier: each bundle's target-only decode speed against llama.cpp on the file in the same run
 (tools/compare_peers.py --only target-only --llama-cpp ... [--llama-cpp-also requantized.gguf]), placed at its
@@ -14,6 +15,8 @@ mean KL to the file's float model (tools/fidelity.py); llama.cpp's files beside 
 versus: tools/compare_peers.py reports with --llama-cpp, greedy and sampled: ortspec target-only and its default
 decoding beside llama.cpp alone and speculating, each bar labelled with its rate against llama.cpp alone.
 acceptance: `ortspec bench --out` reports: the probability that a draft position is accepted once reached.
+edit: a tools/edit_bench.py report: Predicted Outputs on an edit workload beside target-only, the default
+decoding and llama.cpp.
 """
 from __future__ import annotations
 
@@ -41,10 +44,14 @@ def main() -> int:
     p.add_argument("--peers", nargs="+", required=True, help="compare_peers reports run with --llama-cpp")
     p.add_argument("--fidelity", nargs="+", required=True, help="tools/fidelity.py reports")
     p.add_argument("--title", default="")
+    p.add_argument("--label", action="append", default=[], metavar="NAME=TEXT",
+                   help="show the bundle or file NAME as TEXT (repeatable)")
     for name, what in (("versus", "compare_peers reports"), ("acceptance", "ortspec bench reports")):
         p_ = sub.add_parser(name, help=f"from {what}, greedy and/or sampled")
         p_.add_argument("--greedy")
         p_.add_argument("--sampled")
+    p = sub.add_parser("edit", help="from a tools/edit_bench.py report")
+    p.add_argument("--report", required=True)
     for p_ in sub.choices.values():
         p_.add_argument("--out", required=True, help="the PNG to write")
     args = ap.parse_args()
@@ -52,10 +59,15 @@ def main() -> int:
         if args.figure == "frontier":
             rows = [r for f in args.fidelity for r in read(f)["rows"]]
             points = figures.frontier_points([read(f) for f in args.peers], rows)
+            labels = dict(item.split("=", 1) for item in args.label if "=" in item)
+            for p_ in points:
+                p_["label"] = labels.get(p_["name"], p_["label"])
             for p_ in sorted(points, key=lambda p_: p_["mean_kl"]):
                 print(f"{p_['label']:<36} KL {p_['mean_kl']:.4f}  top-1 {p_['top1'] * 100:5.1f}%  "
                       f"{p_['ratio']:.2f}x llama.cpp (median of {len(p_['ratios'])})")
             figures.frontier(points, args.out, args.title)
+        elif args.figure == "edit":
+            figures.edit(read(args.report), args.out)
         else:
             reports = {k: read(v) for k, v in (("greedy", args.greedy), ("sampled", args.sampled)) if v}
             if not reports:

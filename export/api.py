@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Callable
 
+from ortspec.checks import is_int
 from ortspec import __version__
 from ortspec.bundle import (FORMAT_VERSION, MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file,
                             write_manifest)
@@ -94,11 +95,9 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
                          "target or draft without --dtype and without re-quantizing it")
     if dtype not in (None, "fp32", "fp16"):
         raise ValueError(f"dtype must be None (as the source is), 'fp32' or 'fp16', got {dtype!r}")
-    if genai_config is not None and (isinstance(genai_config, bool) or not isinstance(genai_config, int)
-                                     or not 1 <= genai_config <= 16):
+    if genai_config is not None and not is_int(genai_config, 1, 16):
         raise ValueError(f"genai_config must be None or max_draft_tokens from 1 to 16, got {genai_config!r}")
-    if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
-                                    or draft_vocab < 1):
+    if draft_vocab is not None and not is_int(draft_vocab, 1):
         raise ValueError(f"draft_vocab must be None or a positive number of token ids, got {draft_vocab!r}")
     check_generation(generation)  # refuse bad defaults before any work
     decoding = None if decoding is None else check_decoding(decoding, draft is not None)

@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from ortspec.checks import is_int
 from ortspec.bundle import Bundle, ModelSpec, load_bundle
 from ortspec.errors import ExportError
 
@@ -37,8 +38,7 @@ GENAI_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Mistra
 
 def write_genai_config(bundle_dir: str | os.PathLike, max_draft_tokens: int = 4) -> Path:
     """Write onnxruntime-genai configs into an existing bundle; returns the root config's path."""
-    if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int) \
-            or not 1 <= max_draft_tokens <= 16:
+    if not is_int(max_draft_tokens, 1, 16):
         raise ValueError(f"max_draft_tokens must be an integer from 1 to 16 (onnxruntime-genai's range), "
                          f"got {max_draft_tokens!r}")
     bundle = load_bundle(bundle_dir, verify="size")

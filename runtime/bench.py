@@ -209,6 +209,7 @@ def _report(bundle, accs, ratios, decode, gammas, profile, drafter, max_new_toke
                      "speedup": speedup,
                      "decode_speedup": decode_speedup, "acceptance_rate": a.accepted / a.drafted if a.drafted else 0.0,
                      "per_position_acceptance": alphas,
+                     "per_position_reached": list(a.reached_at),  # (0: never reached; its acceptance means nothing)
                      "per_position_min_mass": [m / v if v else 0.0 for m, v in zip(a.min_mass, a.verified)],
                      "mean_tokens_per_round": a.tokens / a.rounds if a.rounds else 0.0,
                      "decode_speedup_total": decode_total,
@@ -289,7 +290,8 @@ def format_table(report: dict) -> str:
                      f"{r['latency']['p50_ms']:>7.1f}{r['latency']['p95_ms']:>7.1f}{r['latency']['p99_ms']:>7.1f}"
                      f"{r['latency']['first_token_p50_ms']:>9.0f}")
     for r in report["settings"]:
-        acc = " ".join(f"{a:.2f}" for a in r["per_position_acceptance"])
+        reached = r.get("per_position_reached") or [1] * len(r["per_position_acceptance"])
+        acc = " ".join(f"{a:.2f}" if n else "-" for a, n in zip(r["per_position_acceptance"], reached))
         mass = " ".join(f"{a:.2f}" for a in r.get("per_position_min_mass") or [])
         lines.append(f"  per-position acceptance, {r['drafter']} g={r['num_draft_tokens']}: {acc}"
                      + (f"   (sum min(p, q): {mass})" if mass else ""))

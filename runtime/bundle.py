@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from .checks import is_int
 from .config import DEFAULT_DRAFTER, DEFAULT_NUM_DRAFT_TOKENS, check_decoding
 from .errors import BundleError, IncompatibleModelsError
 
@@ -149,11 +150,11 @@ def _vocab_subset(value, width: int, role: str) -> dict | None:
     if not isinstance(value, dict) or not isinstance(value.get("ranges"), list):
         raise bad
     full = value.get("full_size")
-    if isinstance(full, bool) or not isinstance(full, int) or full < 1:
+    if not is_int(full, 1):
         raise bad
     ranges, last, count = [], 0, 0
     for r in value["ranges"]:
-        if (not isinstance(r, list) or len(r) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in r)
+        if (not isinstance(r, list) or len(r) != 2 or any(not is_int(x) for x in r)
                 or not last <= r[0] < r[1] <= full):
             raise bad
         ranges.append([r[0], r[1]])

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-import math
+
+from .checks import is_int, is_number
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class SamplingConfig:
         if self.temperature <= 0:
             raise ValueError(
                 f"temperature must be > 0, got {self.temperature}; use do_sample=False for greedy decoding")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_int(self.top_k, 0):
             raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
@@ -44,9 +45,9 @@ class SamplingConfig:
         bias = dict(self.logit_bias) if not isinstance(self.logit_bias, dict) else self.logit_bias
         checked = []
         for t, b in bias.items():
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            if not is_int(t, 0):
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {t!r}")
-            if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or abs(b) > 100:
+            if not is_number(b, -100, 100):
                 raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}")
             checked.append((int(t), float(b)))
         object.__setattr__(self, "logit_bias", tuple(sorted(checked)))
@@ -127,7 +128,7 @@ class SpeculationConfig:
         n = self.num_draft_tokens
         if n == "auto":
             return
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.max_draft_tokens:
+        if not is_int(n, 0, self.max_draft_tokens):
             raise ValueError(
                 f"num_draft_tokens must be an integer in [0, {self.max_draft_tokens}] or 'auto', got {n!r}")
 
@@ -169,5 +170,5 @@ def check_decoding(decoding: object, has_draft: bool | None = None) -> dict:
 
 
 def _check_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")

@@ -30,12 +30,18 @@ def _save(fig, path: str | Path) -> None:
     _pyplot().close(fig)
 
 
+MIN_REACHED = 5  # a draft position reached fewer times than this is left out of an acceptance plot
+
+
 def acceptance_axes(ax, settings: list[dict], title: str | None = None) -> None:
-    """P(accepted | reached) per draft position, a line per bench setting (drafter and gamma)."""
+    """P(accepted | reached) per draft position, a line per bench setting (drafter and gamma); positions reached
+    fewer than MIN_REACHED times (where the report counts them) are left out."""
     for r in settings:
         acc = r["per_position_acceptance"]
-        if acc:
-            ax.plot(range(1, len(acc) + 1), acc, "o-", label=f"{r['drafter']} gamma={r['num_draft_tokens']}")
+        reached = r.get("per_position_reached") or [MIN_REACHED] * len(acc)
+        points = [(i + 1, a) for i, (a, n) in enumerate(zip(acc, reached)) if n >= MIN_REACHED]
+        if points:
+            ax.plot(*zip(*points), "o-", label=f"{r['drafter']} gamma={r['num_draft_tokens']}")
     ax.set_xlabel("draft position")
     ax.set_ylabel("P(accepted | reached)")
     ax.set_ylim(0, 1.05)

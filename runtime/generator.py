@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 
+from .checks import is_int
 from .bundle import Bundle, load_bundle
 from .config import DRAFTERS, SamplingConfig, SpeculationConfig, resolve_sampling
 from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
@@ -127,7 +128,7 @@ class SpeculativeGenerator:
         drafter = drafter.replace("-", "_") if isinstance(drafter, str) else drafter
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        if threads is not None and not is_int(threads, 1):
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
         check_thread_pool(thread_pool)
         if logits not in LOGITS_PLACES:
@@ -298,9 +299,9 @@ class SpeculativeGenerator:
                              f"[0, {self.vocab_size})")
         speculation = SpeculationConfig(self.default_num_draft_tokens if num_draft_tokens is None
                                         else num_draft_tokens, bitwise=bitwise)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not is_int(max_new_tokens, 1):
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        if seed is not None and not is_int(seed, 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
         if wait_timeout is not None and (isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float))
                                          or not wait_timeout >= 0):
@@ -398,7 +399,7 @@ class SpeculativeGenerator:
         if eos_token_id is None:
             return frozenset(self.bundle.eos_token_ids)
         ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+        if any(not is_int(i, 0) for i in ids):
             raise ValueError(f"eos_token_id must be an id >= 0 or a list of them, got {eos_token_id!r}")
         return frozenset(ids)
 

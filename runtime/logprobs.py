@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .checks import is_int
 from .config import SamplingConfig
 from .reference import distribution, processed_scores, softmax
 
@@ -27,7 +28,7 @@ def check_logprobs(value) -> int | None:
     """``logprobs`` as generate takes it: None (off), or how many alternatives to report (0..MAX_TOP)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP:
+    if not is_int(value, 0, MAX_TOP):
         raise ValueError(f"logprobs must be None or an integer in 0..{MAX_TOP} (alternatives per token), "
                          f"got {value!r}")
     return value

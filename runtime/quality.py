@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from .checks import is_int
+
 CHUNK = 64  # positions per pass: bounded logits memory whatever the text length
 
 
@@ -42,11 +44,11 @@ def compare_models(candidate: str, reference: str, text: str, tokens: int | None
     for role in (which, reference_which):
         if role not in ("target", "draft"):
             raise ValueError(f"the model must be 'target' or 'draft', got {role!r}")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 4):
+    if window is not None and not is_int(window, 4):
         raise ValueError(f"window must be an integer >= 4 (tokens per window, half of them scored), got {window!r}")
     if tokens is None:
         tokens = 400 if window is None else None
-    elif isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+    elif not is_int(tokens, 2):
         raise ValueError(f"tokens must be an integer >= 2, got {tokens!r}")
     lms, names = [], []
     for root, role in ((candidate, which), (reference, reference_which)):

@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 
+from .checks import is_int
 from .config import SpeculationConfig
 from .constrain import ConstraintError
 from .errors import OrtspecError
@@ -429,15 +430,15 @@ def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, drafter: str |
             from None
     import socket
     from pathlib import Path
-    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
+    if not is_int(max_queue, 0):
         raise ValueError(f"--max-queue must be an integer >= 0, got {max_queue!r}")
     if not request_timeout > 0:
         raise ValueError(f"--request-timeout must be > 0 seconds, got {request_timeout!r}")
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {port!r}")
-    if isinstance(default_max_tokens, bool) or not isinstance(default_max_tokens, int) or default_max_tokens < 1:
+    if not is_int(default_max_tokens, 1):
         raise ValueError(f"--default-max-tokens must be an integer >= 1, got {default_max_tokens!r}")
-    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1024:
+    if not is_int(max_body, 1024):
         raise ValueError(f"--max-body-bytes must be an integer >= 1024, got {max_body!r}")
     if api_key is not None and not api_key:
         raise ValueError("--api-key must not be empty")

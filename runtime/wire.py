@@ -7,6 +7,7 @@ import math
 import time
 import uuid
 
+from .checks import is_int, is_number
 from .config import SpeculationConfig
 from .tools import call_schema, check_choice, check_tools, read_calls
 
@@ -64,7 +65,7 @@ def _number(body: dict, name: str, low: float | None = None, high: float | None 
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise ApiError(400, f"{name} must be a number, got {value!r}", name)
     if low is not None and (value <= low if low_open else value < low):
         raise ApiError(400, f"{name} must be {'>' if low_open else '>='} {low}, got {value}", name)
@@ -77,7 +78,7 @@ def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | 
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+    if not is_int(value, low, high):
         bound = f" and <= {high}" if high is not None else ""
         raise ApiError(400, f"{name} must be an integer >= {low}{bound}, got {value!r}", name)
     return value
@@ -335,7 +336,7 @@ def _gamma(value):
         return None
     if value == "auto":
         return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SpeculationConfig.max_draft_tokens:
+    if not is_int(value, 0, SpeculationConfig.max_draft_tokens):
         raise ApiError(400, f"num_draft_tokens must be an integer in [0, {SpeculationConfig.max_draft_tokens}] "
                             f"or \"auto\", got {value!r}", "num_draft_tokens")
     return value
@@ -344,8 +345,7 @@ def _gamma(value):
 def _is_ids(prompt) -> bool:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
-    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) and not isinstance(t, bool)
-                                                             for t in prompt)
+    return isinstance(prompt, list) and bool(prompt) and all(is_int(t) for t in prompt)
 
 
 def _ids(prompt) -> list[int]:

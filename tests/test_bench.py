@@ -158,7 +158,9 @@ def test_host_share_tool_reports_every_setting_both_ways(pair_bundle, ids_bundle
     rows = [line for line in proc.stdout.splitlines() if line.count("%") == 2]
     assert [r.split("  ")[0].strip() for r in rows] == list(SETTINGS), proc.stdout
     # every knob set: a bundle's generation config (which the API falls back to) cannot change a row's meaning
-    assert all(set(s) == set(SAMPLING_FALLBACK) - {"do_sample"} for s in SETTINGS.values())
+    # (greedy says so; every other setting samples)
+    assert all(set(s) - {"do_sample"} == set(SAMPLING_FALLBACK) - {"do_sample"} for s in SETTINGS.values())
+    assert [name for name, s in SETTINGS.items() if s.get("do_sample", True) is False] == ["greedy"]
     for r in rows:
         *_, first, second, per_round, speedup = r.replace("%", " ").split()
         assert all(0 < float(x) < 100 for x in (first, second)) and float(per_round) > 0, r

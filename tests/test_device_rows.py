@@ -3,7 +3,6 @@ the rest, and must reach the same bits as reading the whole row. On the CPU prov
 host memory as the device, so these tests cover the CUDA path's logic."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime as ort
@@ -12,7 +11,9 @@ import pytest
 from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
 from ortspec.sampling import LogitsPipeline
+from ortspec.sampling.rules import penalize
 from ortspec.engine import DeviceRows, topk_graph
+from ortspec.engine.rows import Columns, RowCounts, RowReading
 
 SETTINGS = {
     "greedy": dict(do_sample=False),
@@ -80,7 +81,7 @@ def test_wrong_rule_is_caught(generators, monkeypatch):
         ids, vals, _ = drow.top(k)
         vals = vals.astype(dtype)
         hit = np.isin(ids, self._seen_tokens(base, new))
-        vals[hit] = self._penalize(vals[hit])
+        vals[hit] = penalize(vals[hit], self.config.repetition_penalty)
         kth = np.partition(vals, ids.size - k)[ids.size - k]
         return ids[vals >= kth], vals[vals >= kth], kth
 
@@ -88,10 +89,19 @@ def test_wrong_rule_is_caught(generators, monkeypatch):
     assert _run(device, "top-k strong penalty", prompts) != _run(host, "top-k strong penalty", prompts)
 
 
-def _lm(width: int):
+def _reading(width: int) -> RowReading:
+    """What DeviceRows read of a model: identity columns and a TopK graph on the device."""
     session = ort.InferenceSession(topk_graph(1))
-    return SimpleNamespace(_topk=session, run_time_s=0.0, rows_read=0, rows_copied=0,
-                           token_ids=lambda cols: cols, widen=lambda rows: rows)
+
+    def device_top(value, k):
+        b = session.io_binding()
+        b.bind_ortvalue_input("logits", value)
+        b.bind_cpu_input("k", np.array([k], dtype=np.int64))
+        b.bind_output("values", "cpu")
+        b.bind_output("indices", "cpu")
+        session.run_with_iobinding(b)
+        return tuple(v.numpy()[0] for v in b.get_outputs())
+    return RowReading(Columns(None, width), width, width, None, device_top, RowCounts())
 
 
 @pytest.mark.parametrize("config", [
@@ -112,7 +122,7 @@ def test_device_row_distributions_equal_the_host_rows(config):
     rows[3, :] = np.round(rows[3])                        # many ties everywhere
     rows[4, 2995] = 50.0                                  # the largest entry is padding, outside the vocabulary
     base = [int(t) for t in np.argsort(rows[0])[-30:]] + [3, 4]  # the largest entries get penalized
-    device = DeviceRows(_lm(width), ort.OrtValue.ortvalue_from_numpy(rows[None]))
+    device = DeviceRows(_reading(width), ort.OrtValue.ortvalue_from_numpy(rows[None]))
     pipe = LogitsPipeline(config, vocab)
     for i in range(len(rows)):
         new = [int(t) for t in rng.integers(0, vocab, i)]
@@ -122,7 +132,7 @@ def test_device_row_distributions_equal_the_host_rows(config):
         got = pipe.row(device[i], base, new)
         assert np.array_equal(got.ids, want.ids) and np.array_equal(got.probs, want.probs), i
         assert int(pipe.greedy(device[i:i + 1], base, new)[0]) == int(pipe.greedy(rows[i:i + 1], base, new)[0])
-    assert device.lm.rows_read >= len(rows)
+    assert device.reading.counts.read >= len(rows)
     assert pipe._device_top(device[5], config.top_k, base, []) is not None  # a plain row is settled on top
 
 

@@ -71,7 +71,8 @@ def test_bench_and_compare_reports_draw(tmp_path):
     bench = {"bundle": "models/x", "settings": [
         {"drafter": "none", "num_draft_tokens": 0, "per_position_acceptance": [], "speedup": 1.0,
          "decode_speedup_total": 1.0, "ideal_speedup": None},
-        {"drafter": "hybrid", "num_draft_tokens": 4, "per_position_acceptance": [0.8, 0.7, 0.6, 0.5],
+        {"drafter": "hybrid", "num_draft_tokens": 4, "per_position_acceptance": [0.8, 0.7, 0.6, 0.5, 0.0],
+         "per_position_reached": [50, 40, 28, 17, 0],
          "speedup": 1.5, "decode_speedup_total": 1.6, "ideal_speedup": 1.7},
         {"drafter": "hybrid", "num_draft_tokens": "auto", "per_position_acceptance": [0.8, 0.7],
          "speedup": 1.55, "decode_speedup_total": 1.6, "ideal_speedup": None}]}
@@ -86,3 +87,15 @@ def test_bench_and_compare_reports_draw(tmp_path):
     figures.edit(edit, tmp_path / "e.png")
     for name in ("a", "b", "v", "e"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG
+
+
+def test_an_acceptance_plot_leaves_out_positions_reached_too_rarely():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    figures.acceptance_axes(ax, [{"drafter": "hybrid", "num_draft_tokens": 2, "per_position_acceptance":
+                                  [0.84, 0.93, 1.0, 0.0], "per_position_reached": [300, 250, 3, 0]}])
+    (line,) = ax.get_lines()
+    assert list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [0.84, 0.93]
+    plt.close(fig)

@@ -1,90 +1,57 @@
-"""The code's shape, as docs/design.md states it: no import cycle, modules of one purpose (a one-line docstring,
-at most ~500 lines), no reference-count tricks, no probing of the project's own objects."""
+"""The code's shape, as docs/design.md states it: no import cycle (counting every import), no reach into another
+object's private members or another module's private names, modules of one purpose (a one-line docstring, at most
+~500 lines), no reference-count tricks, no probing of the project's own objects."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 import re
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"ortspec": ROOT / "runtime", "ortspec.export": ROOT / "export",
-            "ortspec.export.pairs": ROOT / "models"}  # (the recipes: data, and a docstring)
 MAX_LINES = 500
 # modules allowed past MAX_LINES, and why
 LONGER: dict[str, str] = {}
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for name, root in PACKAGES.items():
-        for path in sorted(root.rglob("*.py")):
-            rel = path.relative_to(root).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            if name == "ortspec" and parts[:1] == ["export"]:
-                continue
-            out[".".join([name, *parts])] = path
-    return out
+def _seams():
+    """tools/seams.py, which finds the modules, their imports, circles and private reaches."""
+    spec = importlib.util.spec_from_file_location("seams", ROOT / "tools" / "seams.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _imports(module: str, path: Path, known: set[str]) -> set[str]:
-    """Project modules ``module`` imports anywhere in its body (function-level imports too; not imports made only
-    for type checking)."""
-    tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    skip = set()
-    for node in ast.walk(tree):  # ``if TYPE_CHECKING:`` blocks
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            skip.update(id(n) for n in ast.walk(node))
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            names = [target] + [f"{target}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        else:
-            continue
-        for name in names:
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            if name and name != module:
-                found.add(name)
-    return found
+SEAMS = _seams()
+_modules = SEAMS.modules
 
 
 def test_no_import_cycles():
-    modules = _modules()
-    graph = {m: _imports(m, p, set(modules)) for m, p in modules.items()}
-    # a package's __init__ re-exporting its modules is not a cycle through the package: edges into a package
-    # stand for the submodule named, so drop edges from a submodule to its own package's __init__
-    for m in graph:
-        graph[m] = {t for t in graph[m] if not (m.startswith(t + ".") and modules[t].name == "__init__.py")}
-    state: dict[str, int] = {}
-    stack: list[str] = []
+    """Counting every import: at module level, inside functions, and those made only for type checking."""
+    assert SEAMS.circles(type_checking=True) == [], "import circles"
 
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
-            if t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
 
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
+def test_no_module_reaches_into_another_objects_private_members():
+    assert SEAMS.private_reaches() == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert SEAMS.private_imports() == []
+
+
+def test_the_seam_checks_catch_what_they_look_for(tmp_path, monkeypatch):
+    """A negative control: a circle made only for type checking, a reach and a private import are found."""
+    (tmp_path / "__init__.py").write_text('"""A package."""\n')
+    (tmp_path / "a.py").write_text('"""A."""\nfrom .b import _hidden\n\n\ndef f(x):\n    return x._inside\n')
+    (tmp_path / "b.py").write_text('"""B."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                                   '    from .a import f\n_hidden = 1\n')
+    monkeypatch.setattr(SEAMS, "PACKAGES", {"toy": tmp_path})
+    assert SEAMS.circles(type_checking=True) == [["toy.a", "toy.b"]]
+    assert SEAMS.circles(type_checking=False) == []
+    assert [(m, src.split(":")[0]) for m, _, src in SEAMS.private_reaches()] == [("toy.a", "x._inside")]
+    assert SEAMS.private_imports() == [("toy.a", "toy.b", "_hidden")]
 
 
 def test_modules_are_short_and_say_what_they_are_for():

@@ -564,7 +564,7 @@ def test_first_token_is_distributed_as_the_target_with_lazy_rows(norm_graph):
 
 def test_lazy_rows_only_without_top_k():
     def lazy(**kw):
-        return LogitsPipeline(SamplingConfig(do_sample=True, **kw), 1000)._lazy_rows()
+        return LogitsPipeline(SamplingConfig(do_sample=True, **kw), 1000).lazy_rows()
     assert lazy(top_k=0) and lazy(top_k=0, bad_words_ids=[[4]]) and lazy(top_k=1000) and lazy(top_k=0, top_p=0.9)
     assert not lazy(top_k=20) and not lazy(top_k=20, top_p=0.9) and not lazy(top_k=0, repetition_penalty=0.9)
     assert not lazy(top_k=0, repetition_penalty=1.2)  # exact too (tested above), but slower than whole rows here
@@ -573,9 +573,9 @@ def test_lazy_rows_only_without_top_k():
     big, small = LogitsPipeline.LAZY_PENALTY_VOCAB, LogitsPipeline.LAZY_PENALTY_VOCAB - 1
     for vocab, expected in ((big, True), (151_936, True), (small, False), (49_152, False)):
         pipe = LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, repetition_penalty=1.1), vocab)
-        assert pipe._lazy_rows() is expected and (pipe.top_entries() == LAZY_TOP) is expected
+        assert pipe.lazy_rows() is expected and (pipe.top_entries() == LAZY_TOP) is expected
         assert pipe.norm_scale() == (1.0 if expected else 0.0)
-    assert not LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, repetition_penalty=0.9), big)._lazy_rows()
+    assert not LogitsPipeline(SamplingConfig(do_sample=True, top_k=0, repetition_penalty=0.9), big).lazy_rows()
 
 
 def _edges(full: Dist) -> list[float]:
@@ -817,7 +817,7 @@ def test_rows_of_pipelines_without_lazy_rows_are_drawn_from_whole(norm_graph):
     vocab = 4096
     cfg = SamplingConfig(do_sample=True, top_k=0, temperature=0.8, repetition_penalty=1.3)
     pipe = LogitsPipeline(cfg, vocab)
-    assert not pipe._lazy_rows()
+    assert not pipe.lazy_rows()
     row = _rows("spread", vocab, 1, seed=3)[0]
     base = _context(row, vocab, 0)
     full = pipe.row(row.copy(), base, [7])
@@ -835,7 +835,7 @@ class SettlesThin(LazyRow):
     """Wrong on purpose: settles a thin row's draws from its head (the bounds) as any other row's."""
 
     def _draw_bounds(self):
-        return self._bounds() if self.pipe._lazy_rows() else self.NEVER
+        return self._bounds() if self.pipe.lazy_rows() else self.NEVER
 
 
 def test_thin_rows_draw_in_block_order_and_residuals_by_rejection(norm_graph):

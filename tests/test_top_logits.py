@@ -77,7 +77,7 @@ def test_top_rows_give_the_same_tokens_as_whole_rows(pair_bundle, setting, monke
     assert _run(top, setting, prompts) == _run(host, setting, prompts)
     if top.target.top_k:  # rows came with their top entries
         assert top.target.rows_read > 0
-    lazy = LogitsPipeline(SamplingConfig(**SETTINGS[setting]), 128)._lazy_rows()
+    lazy = LogitsPipeline(SamplingConfig(**SETTINGS[setting]), 128).lazy_rows()
     assert (sum(b is not None for b in bounded) > 10) is lazy  # verdicts from the normalizer: without truncation
 
 

@@ -45,7 +45,7 @@ PATHS = {
                     ("greedy", "qwen-settings", "top-p 0.9"),
                     lambda: _patched(sampling.LogitsPipeline, "top_entries", lambda self: 0)),
     "LazyRow": ("verdicts from the graph's normalizer and largest entries",
-                ("top-p 0.9",), lambda: _patched(sampling.LogitsPipeline, "_lazy_rows", lambda self: False)),
+                ("top-p 0.9",), lambda: _patched(sampling.LogitsPipeline, "lazy_rows", lambda self: False)),
     # (measured and removed in 0.2.0, under 2% on both shipped pairs: WideRow, nucleus probes, the draft's
     # tail cut, the exp2 clamp; docs/exactness.md)
 }

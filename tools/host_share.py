@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time outside onnxruntime per sampling setting, target-only and speculating, interleaved in one process.
+"""Time outside onnxruntime per sampling setting (and greedy), target-only and speculating, interleaved in one process.
 
     python tools/host_share.py models/smollm2-135m
     python tools/host_share.py models/qwen2.5-coder --limit 4 --max-new-tokens 48 --num-draft-tokens auto
@@ -47,6 +47,7 @@ SETTINGS = {
     "temperature 1.0, no top-k": dict(NEUTRAL),
     "top-p 0.9, no top-k": dict(NEUTRAL, top_p=0.9),
     "repetition penalty 1.1, no top-k": dict(NEUTRAL, repetition_penalty=1.1),
+    "greedy": dict(NEUTRAL, do_sample=False),
 }
 PROMPTS = shipped(DEV_PROMPTS)
 
@@ -138,7 +139,7 @@ def main() -> int:
                 tokens = {}
                 for key in [(rel, kind) for kind in kinds for rel in order]:
                     out = runs[key].generate(**encode(prompt), max_new_tokens=args.max_new_tokens,
-                                             num_draft_tokens=gamma, seed=i, do_sample=True, **settings)
+                                             num_draft_tokens=gamma, seed=i, **dict(dict(do_sample=True), **settings))
                     s, acc = out.stats, spent[key]
                     acc[0] += s.overhead_time_s
                     acc[1] += s.total_time_s

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..checks import is_int
 from ..sampling import Dist, LogitsPipeline
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def check_window(window):
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 16):
+    if window is not None and not is_int(window, 16):
         raise ValueError(f"draft_window must be an integer >= 16 or None, got {window!r}")
     return window
 

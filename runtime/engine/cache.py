@@ -18,23 +18,47 @@ the device) by a NumPy slice of the OrtValues' own buffers (``trim="graph"`` for
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from ..bundle import ModelSpec
 from .graphs import kv_trim_graph
-from .rows import DeviceRows, TopRows
+from .rows import DeviceRows, RowReading, TopRows
 from .session import ort, session_options
 from .slots import HostSlot
 
-if TYPE_CHECKING:
-    from .lm import CausalLM
+
+class PassModel(Protocol):
+    """What a cache's pass reads of, and asks of, the model it belongs to (engine.lm.CausalLM)."""
+
+    spec: ModelSpec
+    session: ort.InferenceSession
+    device: str                 # "cpu" or "cuda"
+    kv_inputs: list[str]        # every layer's past K and V input, in order
+    kv_outputs: list[str]       # ... and present output
+    capacity: int
+    length: int                 # tokens the model holds (valid length)
+    top_k: int                  # top entries per kept row this request reads (0: none)
+    norm_scale: float           # the graph's normalizer scale this request reads (0: none)
+    logits_on_device: bool
+    reading: RowReading         # what the pass's rows read besides its buffers
+    run_time_s: float
+
+    def top_width(self) -> int: ...
+    def rows_on_device(self) -> bool: ...
+    def rows_with_top(self) -> bool: ...
+    def host_slot(self, rows: int, k: int, on_device: bool) -> HostSlot: ...
+    def bind_slot(self, b, slot: HostSlot, rows: int, k: int) -> None: ...
+    def bind_top(self, b, slot: HostSlot, rows: int, k: int) -> None: ...
+    def bind_keep(self, b, n: int, keep: int) -> int: ...
+    def execute(self, b) -> None: ...
 
 ELEM = {"float32": 1, "float16": 10}
 NP_DTYPE = {"float32": np.float32, "float16": np.float16}
 
 
-def kv_buffers(lm: CausalLM, positions: int) -> list:
+def kv_buffers(lm: PassModel, positions: int) -> list:
     """Fresh K/V tensors of ``positions`` positions for every layer, on the model's device."""
     shape = [1, lm.spec.num_kv_heads, positions, lm.spec.head_dim]
     return [ort.OrtValue.ortvalue_from_shape_and_type(shape, NP_DTYPE[lm.spec.dtype], lm.device, 0)
@@ -48,7 +72,7 @@ class StaticCache:
     kind = "static"
     RESERVE_STEP = 256  # buffers grow in multiples of this many positions
 
-    def __init__(self, lm: CausalLM, size: int = 0):
+    def __init__(self, lm: PassModel, size: int = 0):
         self.lm = lm
         self.past: list = kv_buffers(lm, size)
         self.stored = size                  # the buffers' capacity
@@ -151,9 +175,9 @@ class StaticCache:
             # graph has none, and DeviceRows then runs its own TopK)
             top = (slot.top_values[:rows * k].reshape(rows, k), slot.top_cols[:rows * k].reshape(rows, k), k) \
                 if k and lm.top_k else None
-            return DeviceRows(lm, value, top=top)[rows - keep:]
+            return DeviceRows(lm.reading, value, top=top)[rows - keep:]
         if lm.rows_with_top():  # the graph's top entries of each row beside the rows
-            return TopRows(lm, slot, rows, k, start=rows - keep)
+            return TopRows(lm.reading, slot, rows, k, lm.norm_scale, start=rows - keep)
         logits = slot.logits[:rows * spec.vocab_size].reshape(rows, spec.vocab_size)[rows - keep:]
         return logits if logits.dtype == np.float32 else logits.astype(np.float32)
 
@@ -208,14 +232,14 @@ class GrowingCache:
     kind = "concat"
     owner = None  # (a concat cache never runs on another's)
 
-    def __init__(self, lm: CausalLM, host_trim: bool, trimmer=None):
+    def __init__(self, lm: PassModel, host_trim: bool, trimmer=None):
         self.lm, self.host_trim, self.trimmer = lm, host_trim, trimmer
         self.empty = kv_buffers(lm, 0)
         self.past: list = list(self.empty)
         self.stored = 0
 
     @staticmethod
-    def for_model(lm: CausalLM, trim: str, thread_pool: str, providers: list) -> "GrowingCache":
+    def for_model(lm: PassModel, trim: str, thread_pool: str, providers: list) -> "GrowingCache":
         host_trim = trim == "host" or (trim == "auto" and lm.device == "cpu")
         trimmer = None if host_trim else ort.InferenceSession(
             kv_trim_graph(2 * lm.spec.num_layers, ELEM[lm.spec.dtype]), session_options(1, thread_pool),
@@ -270,11 +294,11 @@ class GrowingCache:
         present = list(out[1:1 + len(lm.kv_outputs)])
         if lazy:
             if lm.logits_on_device:
-                device = DeviceRows(lm, out[0], top=top if k and lm.top_k else None)
+                device = DeviceRows(lm.reading, out[0], top=top if k and lm.top_k else None)
                 return device[len(device) - keep:], present
             host = out[0].numpy()[0].astype(np.float32).ravel()
-            return TopRows(lm, HostSlot(host, slot.top_values, slot.top_cols, slot.norms), rows, k,
-                           start=rows - keep), present
+            return TopRows(lm.reading, HostSlot(host, slot.top_values, slot.top_cols, slot.norms), rows, k,
+                           lm.norm_scale, start=rows - keep), present
         logits = out[0].numpy()[0][-keep:]
         return logits.astype(np.float32), present
 

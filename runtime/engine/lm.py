@@ -10,7 +10,7 @@ from ..bundle import ModelSpec
 from ..errors import BundleError, CacheOverflowError, ModelRunError, ProviderUnavailableError
 from .cache import ELEM, NP_DTYPE, GrowingCache, StaticCache
 from .graphs import topk_graph
-from .rows import DeviceRows, TopRows
+from .rows import Columns, DeviceRows, RowCounts, RowReading, TopRows
 from .session import LOGITS_PLACES, missing_provider, ort, providers_for, session_options
 from .slots import HostSlot, HostSlots
 
@@ -35,8 +35,9 @@ class CausalLM:
                  threads: int | None = None, trim: str = "auto", thread_pool: str = "session",
                  logits: str = "auto", profile: str | None = None):
         self.spec = spec
-        self._subset = [tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None
-        self._columns = None  # token id of each logits column (vocab-subset drafts), built on first use
+        # the token id of each logits column (a vocab-subset draft's cover its id ranges in order)
+        self.columns = Columns([tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None,
+                               spec.output_vocab)
         self.provider = provider
         self.device = "cuda" if provider == "cuda" else "cpu"
         providers = providers_for(provider)
@@ -62,7 +63,11 @@ class CausalLM:
         self.logits_on_device = logits == "device" or (logits == "auto" and self.device != "cpu")
         self._topk = ort.InferenceSession(topk_graph(ELEM[spec.dtype]), session_options(1, thread_pool),
                                           providers=providers) if self.logits_on_device else None
-        self.rows_read = self.rows_copied = 0  # device rows: read through their top entries / copied in full
+        self.row_counts = RowCounts()  # rows read through their top entries / device rows copied in full
+        # what the rows of this model's passes read besides the pass's buffers
+        self.reading = RowReading(self.columns, spec.vocab_size, spec.output_vocab,
+                                  spec.logits_norm["block"] if spec.logits_norm else None,
+                                  self.device_top if self._topk is not None else None, self.row_counts)
         # The graph's own TopK over each kept row (bundles exported with it): a decoding pass then brings back
         # each row's ``top_k`` largest entries too, and the sampling rules read those instead of the row.
         # "host" asks for whole rows only (the graph is still told to find one entry: its input must be fed).
@@ -269,24 +274,44 @@ class CausalLM:
         return self.widen(logits)
 
     def widen(self, logits: np.ndarray) -> np.ndarray:
-        """Rows of the graph's width as rows over the whole vocabulary: a vocab-subset draft's other ids get -inf
-        (probability 0)."""
-        if self._subset is None:
-            return logits
-        full = np.full((logits.shape[0], self.spec.output_vocab), -np.inf, dtype=np.float32)
-        col = 0
-        for lo, hi in self._subset:
-            full[:, lo:hi] = logits[:, col:col + hi - lo]
-            col += hi - lo
-        return full
+        """Rows of the graph's width as rows over the whole vocabulary (``Columns.widen``)."""
+        return self.columns.widen(logits)
 
     def token_ids(self, cols: np.ndarray) -> np.ndarray:
-        """Token ids of logits columns (a vocab-subset draft's columns cover its id ranges in order)."""
-        if self._subset is None:
-            return cols
-        if self._columns is None:
-            self._columns = np.concatenate([np.arange(lo, hi) for lo, hi in self._subset])
-        return self._columns[cols]
+        """Token ids of logits columns (``Columns.token_ids``)."""
+        return self.columns.token_ids(cols)
+
+    def device_top(self, value, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(values, columns) [rows, k] of the ``k`` largest entries of each row of a device-resident logits value
+        [1, rows, width], found by a TopK graph on the device (its time counted as the model's)."""
+        b = self._topk.io_binding()
+        b.bind_ortvalue_input("logits", value)
+        b.bind_cpu_input("k", np.array([k], dtype=np.int64))
+        b.bind_output("values", "cpu")
+        b.bind_output("indices", "cpu")
+        t0 = time.perf_counter()
+        self._topk.run_with_iobinding(b)
+        self.run_time_s += time.perf_counter() - t0
+        values, cols = (v.numpy()[0] for v in b.get_outputs())
+        return values, cols
+
+    @property
+    def rows_read(self) -> int:
+        """Rows of this model's passes read through their largest entries."""
+        return self.row_counts.read
+
+    @rows_read.setter
+    def rows_read(self, value: int) -> None:
+        self.row_counts.read = value
+
+    @property
+    def rows_copied(self) -> int:
+        """Device-resident rows copied to the host in full."""
+        return self.row_counts.copied
+
+    @rows_copied.setter
+    def rows_copied(self, value: int) -> None:
+        self.row_counts.copied = value
 
     # -- what a cache's pass asks of its model --------------------------------
     def rows_on_device(self) -> bool:

@@ -1,17 +1,62 @@
 """Rows a decoding pass hands out: left on the device (DeviceRows), or on the host beside the graph's TopK (TopRows)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 import math
-import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
 from ..sampling.rows import Row, Rows
 from .slots import HostSlot
 
-if TYPE_CHECKING:
-    from .lm import CausalLM
+
+class Columns:
+    """Which token id each logits column holds: the same id, or (a vocab-subset draft) its id ranges in order."""
+
+    def __init__(self, ranges: list[tuple[int, int]] | None, output_vocab: int):
+        self.ranges, self.output_vocab = ranges, output_vocab
+        self.identity = ranges is None  # column j is token id j
+        self._ids = None  # token id of each column (built on first use)
+
+    def token_ids(self, cols: np.ndarray) -> np.ndarray:
+        """Token ids of logits columns."""
+        if self.ranges is None:
+            return cols
+        if self._ids is None:
+            self._ids = np.concatenate([np.arange(lo, hi) for lo, hi in self.ranges])
+        return self._ids[cols]
+
+    def widen(self, logits: np.ndarray) -> np.ndarray:
+        """Rows of the graph's width as rows over the whole vocabulary: the ids a subset leaves out get -inf
+        (probability 0)."""
+        if self.ranges is None:
+            return logits
+        full = np.full((logits.shape[0], self.output_vocab), -np.inf, dtype=np.float32)
+        col = 0
+        for lo, hi in self.ranges:
+            full[:, lo:hi] = logits[:, col:col + hi - lo]
+            col += hi - lo
+        return full
+
+
+class RowCounts:
+    """Rows a model's passes handed out: read through their largest entries, and copied whole from a device."""
+
+    def __init__(self):
+        self.read = self.copied = 0
+
+
+@dataclass(frozen=True)
+class RowReading:
+    """What a pass's rows read besides the pass's own buffers, handed to them by the model that ran it."""
+
+    columns: Columns
+    width: int                        # the graph's logits columns
+    output_vocab: int                 # the ids a row covers once widened
+    norm_block: int | None            # the block of the graph's per-row normalizer, None without one
+    device_top: Callable | None       # (value, k) -> (values, columns): a TopK run on the device (timed)
+    counts: RowCounts
 
 
 class _Rows(Rows):
@@ -63,28 +108,28 @@ class DeviceRows(_Rows):
     rows) that need more. Indexing gives a PassRow; slicing a view of fewer rows sharing the same results.
     """
 
-    def __init__(self, lm: "CausalLM", value, start: int = 0, stop: int | None = None, shared: dict | None = None,
-                 top: tuple | None = None):
-        self.lm, self.value = lm, value
+    def __init__(self, reading: RowReading, value, start: int = 0, stop: int | None = None,
+                 shared: dict | None = None, top: tuple | None = None):
+        self.reading, self.value = reading, value
         self.start = start
         self.stop = value.shape()[1] if stop is None else stop
         self._shared = shared if shared is not None else {"top": {}, "host": None}
         if top is not None:  # the graph's own TopK of these rows: (values, columns, K), already on the host
             values, cols, k = top
-            self._shared["top"][k] = _top_entries(lm, values, cols, k)
-            lm.rows_read += values.shape[0]
+            self._shared["top"][k] = _top_entries(reading, values, cols, k)
+            reading.counts.read += values.shape[0]
 
     def _view(self, start: int, stop: int) -> "DeviceRows":
-        return DeviceRows(self.lm, self.value, start, stop, self._shared)
+        return DeviceRows(self.reading, self.value, start, stop, self._shared)
 
     def numpy(self) -> np.ndarray:
         """The rows as float32 [rows, vocab] on the host (copied once, then shared by every view)."""
         host = self._shared["host"]
         if host is None:
             host = self.value.numpy()[0].astype(np.float32)
-            host = self.lm.widen(host)
+            host = self.reading.columns.widen(host)
             self._shared["host"] = host
-            self.lm.rows_copied += host.shape[0]
+            self.reading.counts.copied += host.shape[0]
         return host[self.start:self.stop]
 
     def top(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -96,26 +141,17 @@ class DeviceRows(_Rows):
         if found is None:  # the graph's TopK found at least as many: they serve (more entries than asked is fine)
             found = next((f for have, f in self._shared["top"].items() if have >= k), None)
         if found is None:
-            lm = self.lm
-            b = lm._topk.io_binding()
-            b.bind_ortvalue_input("logits", self.value)
-            b.bind_cpu_input("k", np.array([k], dtype=np.int64))
-            b.bind_output("values", "cpu")
-            b.bind_output("indices", "cpu")
-            t0 = time.perf_counter()
-            lm._topk.run_with_iobinding(b)
-            lm.run_time_s += time.perf_counter() - t0
-            values, cols = (v.numpy()[0] for v in b.get_outputs())
-            found = self._shared["top"][k] = (lm.token_ids(cols), values, _bound(values, k, width))
-            lm.rows_read += values.shape[0]
+            values, cols = self.reading.device_top(self.value, k)
+            found = self._shared["top"][k] = (self.reading.columns.token_ids(cols), values, _bound(values, k, width))
+            self.reading.counts.read += values.shape[0]
         ids, values, bound = found
         return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
 
 
-def _top_entries(lm: "CausalLM", values: np.ndarray, cols: np.ndarray, k: int) -> tuple:
+def _top_entries(reading: RowReading, values: np.ndarray, cols: np.ndarray, k: int) -> tuple:
     """(token ids, values, bound) of rows' K largest entries as a TopK returned them (columns of the graph's
     width)."""
-    return lm.token_ids(cols), values, _bound(values, k, lm.spec.vocab_size)
+    return reading.columns.token_ids(cols), values, _bound(values, k, reading.width)
 
 
 def _bound(values: np.ndarray, k: int, width: int) -> np.ndarray:
@@ -131,14 +167,15 @@ class TopRows(_Rows):
 
     on_host = True
 
-    def __init__(self, lm: "CausalLM", slot: HostSlot, rows: int, k: int, start: int = 0, stop: int | None = None):
-        self.lm, self.k, self.rows = lm, k, rows
+    def __init__(self, reading: RowReading, slot: HostSlot, rows: int, k: int, norm_scale: float = 0.0,
+                 start: int = 0, stop: int | None = None):
+        self.reading, self.k, self.rows = reading, k, rows
         self.logits, self.values, self.cols = slot.logits, slot.top_values, slot.top_cols  # (leased for the round)
         # each row's sum exp((logit - max) * scale) at the scale the pass ran with (None: not computed)
-        self.norms = slot.norms if lm.spec.logits_norm and lm.norm_scale > 0 else None
-        self.scale = lm.norm_scale
+        self.norms = slot.norms if reading.norm_block is not None and norm_scale > 0 else None
+        self.scale = norm_scale
         self.start, self.stop = start, rows if stop is None else stop
-        lm.rows_read += self.stop - self.start
+        reading.counts.read += self.stop - self.start
 
     def _view(self, start: int, stop: int) -> "TopRows":
         rows = TopRows.__new__(TopRows)
@@ -147,20 +184,20 @@ class TopRows(_Rows):
         return rows
 
     def numpy(self) -> np.ndarray:
-        width = self.lm.spec.vocab_size
+        width = self.reading.width
         host = self.logits[:self.rows * width].reshape(self.rows, width)[self.start:self.stop]
-        return self.lm.widen(host if host.dtype == np.float32 else host.astype(np.float32))
+        return self.reading.columns.widen(host if host.dtype == np.float32 else host.astype(np.float32))
 
     def top(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Token ids, values and bound of each row's largest entries: the graph's K of them when K >= ``k``
         (more than asked for is fine), else the ``k`` largest found on the host."""
-        if min(int(k), self.lm.spec.output_vocab) > self.k:
+        if min(int(k), self.reading.output_vocab) > self.k:
             rows = self.numpy()
             ids = np.argsort(-rows, axis=1, kind="stable")[:, :k]
             values = np.take_along_axis(rows, ids, axis=1)
             return ids, values, _bound(values, k, rows.shape[1])
         n, k = self.rows, self.k
-        ids, values, bound = _top_entries(self.lm, self.values[:n * k].reshape(n, k),
+        ids, values, bound = _top_entries(self.reading, self.values[:n * k].reshape(n, k),
                                           self.cols[:n * k].reshape(n, k), k)
         return ids[self.start:self.stop], values[self.start:self.stop], bound[self.start:self.stop]
 
@@ -169,25 +206,26 @@ class TopRows(_Rows):
         float32 (in blocks of ``block`` entries, then over the blocks), None where the pass did not compute it."""
         if self.norms is None:
             return None
-        return self.scale, float(self.norms[self.start + i]), self.lm.spec.logits_norm["block"]
+        return self.scale, float(self.norms[self.start + i]), self.reading.norm_block
 
     def row_spread(self, i: int) -> tuple[float, float] | None:
         """Row ``i``'s largest entry and the bound on those not read (None when every entry is read)."""
-        if self.k >= self.lm.spec.vocab_size:
+        if self.k >= self.reading.width:
             return None
         j = (self.start + i) * self.k
         return float(self.values[j]), float(self.values[j + self.k - 1])
 
     def row_top(self, i: int, k: int) -> tuple[list, list, float]:
         """``top`` of one row as Python lists (what the sampling rules read, without NumPy calls)."""
-        if min(int(k), self.lm.spec.output_vocab) > self.k:
+        if min(int(k), self.reading.output_vocab) > self.k:
             ids, values, bound = self.top(k)
             return ids[i].tolist(), values[i].tolist(), float(bound[i])
         j, k = (self.start + i) * self.k, self.k
         values = self.values[j:j + k].tolist()
         cols = self.cols[j:j + k]
-        ids = cols.tolist() if self.lm._subset is None else self.lm.token_ids(cols).tolist()
-        return ids, values, values[-1] if k < self.lm.spec.vocab_size else -math.inf
+        columns = self.reading.columns
+        ids = cols.tolist() if columns.identity else columns.token_ids(cols).tolist()
+        return ids, values, values[-1] if k < self.reading.width else -math.inf
 
 
 class PassRow(Row):
@@ -205,7 +243,7 @@ class PassRow(Row):
     @property
     def width(self) -> int:
         """The row's width (what ``numpy()`` would hold)."""
-        return self.rows.lm.spec.output_vocab
+        return self.rows.reading.output_vocab
 
     def spread(self) -> tuple[float, float] | None:
         """(largest entry, bound on the entries not read) of this row where its pass returned top entries."""

@@ -28,8 +28,8 @@ class MaskedPipeline(LogitsPipeline):
         self.mask = mask
         self.processes = self.whole_rows = True
 
-    def _changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        ids, values = super()._changes(row, base, new)
+    def changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        ids, values = super().changes(row, base, new)
         allowed = self.mask.allowed(base, new)
         if allowed is None:
             return ids, values

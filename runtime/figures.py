@@ -87,36 +87,45 @@ def _fidelity_label(row: dict) -> str:
     return f"\ntop-1 {f['top1'] * 100:.1f}%, KL {f['mean_kl']:.4f}" if f else ""
 
 
+def _grouped_bars(groups: dict[str, dict[str, tuple[float, str | None]]], labels: list[str], names: list[str],
+                  xlabel: str, title: str, path: str | Path) -> None:
+    """Horizontal bars, one row per name and one bar per group ({group: {name: (value, text beside the bar)}})."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.7 + 0.75 * len(names)))
+    height = 0.8 / len(groups)
+    for k, (label, cells) in enumerate(groups.items()):
+        ys = [i + (k - (len(groups) - 1) / 2) * height for i in range(len(names))]
+        rates = [cells.get(n, (0.0, None))[0] for n in names]
+        ax.barh(ys, rates, height=height * 0.95, label=label)
+        for y, n, rate in zip(ys, names, rates):
+            text = cells.get(n, (0.0, None))[1]
+            if text:
+                ax.text(rate, y, f" {text}", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.margins(x=0.15)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10)
+    _save(fig, path)
+
+
 def versus(reports: dict[str, dict], path: str | Path, runtimes: list[str] | None = None) -> None:
     """Bars of decode tokens/s per runtime row, one bar per report (e.g. greedy and sampled runs of
     compare_peers), each labelled with its rate against llama.cpp alone in the same run."""
-    plt = _pyplot()
     first = next(iter(reports.values()))
     names = runtimes or [s["runtime"] for s in first["summary"]]
     names = [n for n in names if any(any(s["runtime"] == n for s in r["summary"]) for r in reports.values())]
-    fig, ax = plt.subplots(figsize=(9, 0.7 + 0.75 * len(names)))
-    height = 0.8 / len(reports)
-    for k, (label, report) in enumerate(reports.items()):
-        by = {s["runtime"]: s for s in report["summary"]}
-        ys = [i + (k - (len(reports) - 1) / 2) * height for i in range(len(names))]
-        rates = [by[n]["tokens_per_s"] if n in by else 0.0 for n in names]
-        ax.barh(ys, rates, height=height * 0.95, label=label)
-        for y, n, rate in zip(ys, names, rates):
-            if n in by and "ratio_vs_llama_cpp" in by[n]:
-                ax.text(rate, y, f" {by[n]['ratio_vs_llama_cpp']:.2f}x", va="center", fontsize=8)
+    groups = {label: {s["runtime"]: (s["tokens_per_s"], f"{s['ratio_vs_llama_cpp']:.2f}x"
+                                     if "ratio_vs_llama_cpp" in s else None) for s in report["summary"]}
+              for label, report in reports.items()}
     labels = []
     for n in names:
         row = next((s for r in reports.values() for s in r["summary"] if s["runtime"] == n), {})
         name = "ortspec default (hybrid, auto length)" if n == ORTSPEC_DEFAULT else n.replace(" (decode)", "")
         labels.append(name + _fidelity_label(row))
-    ax.set_yticks(range(len(names)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("decode tokens/s (the bar's label: against llama.cpp alone in the same run)")
-    ax.margins(x=0.15)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"{Path(first['bundle']).name}: {first['prompts']} prompts, {first['max_new_tokens']} tokens",
-                 fontsize=10)
-    _save(fig, path)
+    _grouped_bars(groups, labels, names, "decode tokens/s (the bar's label: against llama.cpp alone in the same run)",
+                  f"{Path(first['bundle']).name}: {first['prompts']} prompts, {first['max_new_tokens']} tokens", path)
 
 
 def frontier_points(reports: list[dict], fidelity_rows: list[dict]) -> list[dict]:
@@ -171,18 +180,11 @@ def frontier(points: list[dict], path: str | Path, title: str = "") -> None:
 def edit(report: dict, path: str | Path) -> None:
     """tools/edit_bench.py's report: mean decode tokens/s per configuration, greedy and sampled, each bar
     labelled with its median speedup over the same export's target-only decoding."""
-    plt = _pyplot()
     summary = report["summary"]
     modes = list(summary)
     names = list(next(iter(summary.values())))
-    fig, ax = plt.subplots(figsize=(9, 0.7 + 0.6 * len(names)))
-    height = 0.8 / len(modes)
-    for k, mode in enumerate(modes):
-        ys = [i + (k - (len(modes) - 1) / 2) * height for i in range(len(names))]
-        rates = [summary[mode][n]["decode_tok_s"] for n in names]
-        ax.barh(ys, rates, height=height * 0.95, label=mode)
-        for y, n, rate in zip(ys, names, rates):
-            ax.text(rate, y, f" {summary[mode][n]['speedup_median']:.2f}x", va="center", fontsize=8)
+    groups = {mode: {n: (c["decode_tok_s"], f"{c['speedup_median']:.2f}x") for n, c in summary[mode].items()}
+              for mode in modes}
     fid = report.get("fidelity") or {}
     labels = []
     for n in names:
@@ -191,12 +193,8 @@ def edit(report: dict, path: str | Path) -> None:
         part = f" ({cell['runs']} of {cell['of']} files)" if cell.get("runs", 1) < cell.get("of", 1) else ""
         labels.append(EDIT_NAMES.get(n, n) + part
                       + (f"\ntop-1 {side['top1'] * 100:.1f}%, KL {side['mean_kl']:.4f}" if side else ""))
-    ax.set_yticks(range(len(names)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("decode tokens/s, mean over the prompts (the bar's label: median x the export's target-only)")
-    ax.margins(x=0.15)
-    ax.legend(fontsize=8, loc="lower right")
     rows = report["rows"]
-    ax.set_title(f"edit workload, {Path(report['bundle']).name}: {len({r['prompt'] for r in rows})} files, "
-                 f"{report['max_new_tokens']} tokens", fontsize=10)
-    _save(fig, path)
+    _grouped_bars(groups, labels, names,
+                  "decode tokens/s, mean over the prompts (the bar's label: median x the export's target-only)",
+                  f"edit workload, {Path(report['bundle']).name}: {len({r['prompt'] for r in rows})} files, "
+                  f"{report['max_new_tokens']} tokens", path)

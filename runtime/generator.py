@@ -281,10 +281,10 @@ class SpeculativeGenerator:
         this many seconds for it, then raise GeneratorBusyError (None: as long as it takes). The wait starts at
         the stream's first event.
 
-        ``tools`` (OpenAI's function definitions) go to the chat template with ``messages``; to make the model
-        call one, pass ``response_format=ortspec.tools.call_schema(tools, name)``; to hold its choice of an
-        answer or calls, ``ortspec.tools.calls_or_answer(tools)``; read the answer with
-        ``ortspec.tools.read_calls`` (what the server does for ``tool_choice``).
+        ``tools`` (OpenAI's function definitions) go to the chat template with ``messages`` (a template that never
+        shows tools gets them in a system message); to hold the answer to a call, or to the model's choice of an
+        answer or calls, pass ``response_format=ortspec.tools.held_format(tools, mode, self.codec.chat_template)``
+        and read it with ``ortspec.tools.read_calls`` (what the server does for ``tool_choice``).
         """
         logprobs = check_logprobs(logprobs)
         grammar = self._grammar(response_format)

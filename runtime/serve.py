@@ -24,7 +24,7 @@ from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
 from .metrics import Metrics
-from .tools import calls_or_answer, uses_call_tags
+from .tools import held_format, tool_style
 from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, answer, failed_error, finish_reason_of,
                    logprobs_field, parse_request, response_body, sse_event, stream_chunk, usage_of)
 
@@ -79,14 +79,21 @@ class Engine:
         opts = dict(job.options)
         if opts["num_draft_tokens"] is None:
             opts["num_draft_tokens"] = self.default_gamma
-        if job.tool_mode == "auto" and gen.codec is not None and uses_call_tags(gen.codec.chat_template):
-            opts["response_format"] = calls_or_answer(job.tools, opts.get("response_format"))  # calls held too
+        source = job.source
+        if job.tools is not None and gen.codec is not None:
+            job.tool_style = tool_style(gen.codec.chat_template)
+            held = held_format(job.tools, job.tool_mode, gen.codec.chat_template, opts.get("response_format"),
+                               job.parallel_calls)
+            if held is not None:
+                opts["response_format"] = held
+            if job.tool_mode is None and job.tool_style == "generic":  # "none": no functions offered in the prompt
+                source = {k: v for k, v in source.items() if k != "tools"}
         if gen.codec is None and "input_ids" not in job.source:
             raise ApiError(400, "this model has no tokenizer: send prompt as a list of token ids to /v1/completions",
                            "prompt")
         capacity, param = gen.target.capacity, "messages" if job.kind == "chat" else "prompt"
         try:
-            ids = gen.encode_prompt(**job.source)
+            ids = gen.encode_prompt(**source)
         except (ValueError, OrtspecError) as exc:
             raise ApiError(400, str(exc), param) from None
         if len(ids) > capacity:

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import BundleError
-from .tools import template_messages
+from .tools import generic_messages, template_messages, tool_style
 
 
 class TextCodec:
@@ -48,7 +48,9 @@ class TextCodec:
                                     + [{"role": "user", "content": prompt}])
 
     def render_messages(self, messages: Sequence[dict], tools: list[dict] | None = None) -> str:
-        """Apply the chat template with add_generation_prompt, as transformers does."""
+        """Apply the chat template with add_generation_prompt, as transformers does. A template that never shows
+        tools (``tools.tool_style`` "generic") gets them, and earlier calls and results, as
+        ``tools.generic_messages`` writes them."""
         if not self.chat_template:
             raise ValueError("this bundle's tokenizer has no chat template; pass a plain prompt instead "
                              "(drop chat=True / --chat / messages)")
@@ -56,8 +58,10 @@ class TextCodec:
 
         special = {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         try:
-            return self._template().render(messages=template_messages(check_messages(messages)), tools=tools,
-                                           add_generation_prompt=True, **special)
+            messages = check_messages(messages)
+            messages = generic_messages(messages, tools) if tool_style(self.chat_template) == "generic" \
+                else template_messages(messages)
+            return self._template().render(messages=messages, tools=tools, add_generation_prompt=True, **special)
         except jinja2.TemplateError as exc:
             raise ValueError(f"the bundle's chat template failed to render: {exc}") from None
 

@@ -9,7 +9,7 @@ import uuid
 
 from .checks import is_int, is_number
 from .config import SpeculationConfig
-from .tools import call_schema, check_choice, check_tools, read_calls
+from .tools import check_choice, check_tools, read_calls
 
 MAX_STOP = 4                 # stop strings per request, as OpenAI allows
 DEFAULT_MAX_BODY = 4 << 20   # bytes
@@ -56,6 +56,8 @@ class Job:
     model: str = ""
     tools: list | None = None       # function definitions (chat), checked
     tool_mode: str | None = None    # None (text), "auto", "required" or the name of the function to call
+    tool_style: str = "tags"        # how the model's chat template meets tools (tools.tool_style), once opened
+    parallel_calls: bool = True     # OpenAI's parallel_tool_calls: False holds the answer to one call at most
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -128,9 +130,11 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         tools, tool_mode = _tools(body)
         if tools is not None:
             source["tools"] = tools
+        parallel = _boolean(body, "parallel_tool_calls", True)
     else:
         tools = tool_mode = None
-        for name in ("tools", "tool_choice"):
+        parallel = True
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
             if body.get(name) is not None:
                 raise ApiError(400, f"{name} is for /v1/chat/completions", name)
         if "messages" in body:
@@ -155,11 +159,9 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         do_sample = None  # silent: the bundle's generation config decides
     options = dict(do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
                    repetition_penalty=penalty, seed=seed, num_draft_tokens=_gamma(body.get("num_draft_tokens")))
-    if tool_mode not in (None, "auto"):  # a call is required: the answer is held to the call's schema
-        if response_format is not None:
-            raise ApiError(400, "response_format cannot be combined with a required tool call (tool_choice)",
-                           "response_format")
-        response_format = call_schema(tools, tool_mode)
+    if tool_mode not in (None, "auto") and response_format is not None:  # the answer is held to the call's schema
+        raise ApiError(400, "response_format cannot be combined with a required tool call (tool_choice)",
+                       "response_format")
     if response_format is not None:
         options["response_format"] = response_format
     bias = body.get("logit_bias")
@@ -191,7 +193,8 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
     if opts is not None and (not isinstance(opts, dict) or not stream):
         raise ApiError(400, "stream_options must be an object, and only with stream: true", "stream_options")
     include_usage = bool(opts and opts.get("include_usage") is True)
-    return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id, tools, tool_mode)
+    return Job(kind, source, options, drafter, stop, max_tokens, stream, include_usage, model_id, tools, tool_mode,
+               parallel_calls=parallel)
 
 
 def _prediction(value) -> str | None:
@@ -236,9 +239,9 @@ def answer(job: Job, text: str, finish: str) -> tuple[dict, str]:
     "tool_calls")."""
     if job.tool_mode is None:
         return {"role": "assistant", "content": text}, finish
-    content, calls = read_calls(text, job.tools)
-    if not calls:
-        return {"role": "assistant", "content": text}, finish
+    content, calls = read_calls(text, job.tools, generic=job.tool_style == "generic")
+    if not calls:  # text (a generic template's {"response": ...} unwrapped)
+        return {"role": "assistant", "content": content if job.tool_style == "generic" else text}, finish
     return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 

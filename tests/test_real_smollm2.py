@@ -112,9 +112,19 @@ WEATHER = [{"type": "function", "function": {
                                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}]
 
 
+EVENT = [{"type": "function", "function": {
+    "name": "create_event", "description": "Add an event to the calendar",
+    "parameters": {"type": "object", "required": ["title", "when"],
+                   "properties": {"title": {"type": "string", "maxLength": 60},
+                                  "when": {"type": "object", "required": ["date"],
+                                           "properties": {"date": {"type": "string", "maxLength": 20},
+                                                          "time": {"type": "string", "maxLength": 10}}}}}}}]
+
+
 def test_tool_calls_end_with_their_declared_arguments_through_the_official_client(smol, tmp_path):
-    """tool_choice "required" and a named tool, streamed, on the default pair greedy: the call finishes well inside
-    max_tokens with arguments that hold only declared keys, each once (they looped on "description" keys)."""
+    """tool_choice "required", a named tool (streamed) and "auto" on the default pair greedy: the answer finishes
+    well inside max_tokens, a call with arguments that hold only declared keys, each once (they looped on
+    "description" keys)."""
     openai = pytest.importorskip("openai")
     pytest.importorskip("llguidance")
     from test_serve import start_server
@@ -139,6 +149,22 @@ def test_tool_calls_end_with_their_declared_arguments_through_the_official_clien
         assert finish == "tool_calls" and calls, (finish, calls)
         args = json.loads("".join(calls[0]))
         assert set(args) <= {"city", "unit"} and "city" in args, args
+        # "auto": the template never shows tools, so they are described in a system message and the answer held
+        # to {"tool_calls": [...]} or {"response": ...}; it ended as free text at max_tokens before
+        for question, tools in (("What's the weather like in Paris today?", WEATHER),
+                                ("Put a dentist appointment on my calendar for 2026-12-09 at 10:00.", EVENT)):
+            res = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": question}],
+                                                 tools=tools, temperature=0, max_tokens=200)
+            choice, params = res.choices[0], tools[0]["function"]["parameters"]
+            assert res.usage.completion_tokens < 200, res
+            if choice.message.tool_calls:
+                assert choice.finish_reason == "tool_calls", res
+                for call in choice.message.tool_calls:
+                    args = json.loads(call.function.arguments)
+                    assert set(params["required"]) <= set(args) <= set(params["properties"]), args
+            else:
+                assert choice.finish_reason == "stop" and not choice.message.content.startswith("{"), res
+        assert choice.message.tool_calls, res  # the calendar request is a call
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -42,7 +42,7 @@ TOOL_TEMPLATE = (  # (without tools, tiny.CHAT_TEMPLATE's prompts)
     "</s> {% endfor %}{% if add_generation_prompt %}<s> w2 {% endif %}")
 
 
-def save_bpe_tokenizer(out) -> None:
+def save_bpe_tokenizer(out, chat_template: str = TOOL_TEMPLATE) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE())
@@ -52,7 +52,7 @@ def save_bpe_tokenizer(out) -> None:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.chat_template = TOOL_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(out))
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from .sampling import LogitsPipeline
 from .config import SamplingConfig
 from .drafting import common_prefix
+from .engine import PLAIN, PassOptions
 from .errors import OrtspecError
 
 
@@ -114,15 +115,15 @@ def invariance_check(lm, context: Sequence[int], positions: int = 12, sizes: Seq
     """
     context = [int(t) for t in context]
     fed = [int(context[i % len(context)]) for i in range(positions)]
-    saved = lm.bitwise
+    options = PassOptions(bitwise=bitwise)
 
-    def rows_in_passes(size: int) -> tuple[np.ndarray, int]:
+    def rows_in_passes(size: int, options: PassOptions) -> tuple[np.ndarray, int]:
         lm.rollback(min(lm.length, len(context)))
         got: dict[int, list] = {}
         pos = 0
         while pos < positions:
             k = min(size, positions - pos)
-            for j, row in enumerate(lm.forward(fed[pos:pos + k])):
+            for j, row in enumerate(lm.forward(fed[pos:pos + k], options=options)):
                 got.setdefault(pos + j, []).append(row)
             keep = k if k == 1 or pos + k == positions else (k + 1) // 2
             lm.rollback(len(context) + pos + keep)  # a rejection: the rest of the pass is fed again
@@ -135,25 +136,22 @@ def invariance_check(lm, context: Sequence[int], positions: int = 12, sizes: Seq
         return worst, equal
 
     try:
-        lm.bitwise = bitwise
-        lm.prefill(context)
-        reference = lm.forward(fed)
+        lm.prefill(context, options=options)
+        reference = lm.forward(fed, options=options)
         report = {"positions": positions, "bitwise": bitwise, "sizes": {}}
         for size in sizes:
-            worst, equal = rows_in_passes(size)
+            worst, equal = rows_in_passes(size, options)
             report["sizes"][int(size)] = {"equal_rows": equal, "max_abs_diff": worst}
-        fresh = lm.reference_logits(context + fed)[-positions:]
+        fresh = lm.reference_logits(context + fed, options)[-positions:]
         report["prefill"] = {"equal_rows": sum(np.array_equal(a, b) for a, b in zip(fresh, reference)),
                              "max_abs_diff": float(np.max(np.abs(fresh - reference)))}
         report["invariant"] = (all(v["equal_rows"] == positions for v in report["sizes"].values())
                                and report["prefill"]["equal_rows"] == positions)
         if bitwise:
-            lm.bitwise = False
-            worst, equal = rows_in_passes(1)
+            worst, equal = rows_in_passes(1, PLAIN)
             report["one_position_passes"] = {"equal_rows": equal, "max_abs_diff": worst}
         return report
     finally:
-        lm.bitwise = saved
         lm.reset()
 
 
@@ -180,7 +178,6 @@ class MemoLM:
         self._memo: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
         self._max_rows = max(64, max_bytes // (4 * lm.spec.output_vocab))
         self.horizon: tuple[int, int] | None = None
-        self.bitwise = False
         self.row_tile = lm.row_tile
 
     @property
@@ -210,9 +207,9 @@ class MemoLM:
             raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
         del self.tokens[length:]
 
-    def prefill(self, ids, keep=None):
+    def prefill(self, ids, keep=None, options: PassOptions = PLAIN):
         self.reset()
-        return self.forward(ids, keep)
+        return self.forward(ids, keep, options=options)
 
     def new_round(self) -> None:
         pass  # (memoized rows are copies of its own)
@@ -220,7 +217,7 @@ class MemoLM:
     def release_rows(self) -> None:
         pass
 
-    def forward(self, ids, keep=None, reuse=False) -> np.ndarray:
+    def forward(self, ids, keep=None, reuse=False, options: PassOptions = PLAIN) -> np.ndarray:
         full = self.tokens + [int(t) for t in ids]
         start = len(self.tokens)
         keys = [tuple(full[: j + 1]) for j in range(start, len(full))]
@@ -229,7 +226,7 @@ class MemoLM:
             stand_in = tuple(full[:base])
             keys = [key if len(key) - base < k else stand_in for key in keys]
             if stand_in in keys and stand_in not in self._memo:
-                self._memo[stand_in] = self.lm.reference_logits(list(stand_in))[-1].copy()
+                self._memo[stand_in] = self.lm.reference_logits(list(stand_in), options)[-1].copy()
         for k in keys:  # freshly used rows are the last to be evicted
             if k in self._memo:
                 self._memo.move_to_end(k)
@@ -239,9 +236,8 @@ class MemoLM:
             while tuple(full[:end]) not in keys:  # stand-ins need no run
                 end -= 1
             real.rollback(min(common_prefix(real.tokens, full), start))
-            real.bitwise = self.bitwise
             first = real.length
-            rows = real.forward(full[first:end])
+            rows = real.forward(full[first:end], options=options)
             for j, row in zip(range(first, end), rows):
                 self._memo[tuple(full[: j + 1])] = row.copy()  # not a view: it would pin a runtime buffer
             while len(self._memo) > self._max_rows:
@@ -252,8 +248,8 @@ class MemoLM:
 
     forward_rows = forward  # memoized rows live on the host
 
-    def reference_logits(self, ids) -> np.ndarray:
-        return self.lm.reference_logits(ids)
+    def reference_logits(self, ids, options: PassOptions = PLAIN) -> np.ndarray:
+        return self.lm.reference_logits(ids, options)
 
 
 def wrong_verify(draft_tokens, draft_dists, target_dist, rng, min_mass=None):

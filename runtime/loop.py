@@ -11,6 +11,7 @@ import numpy as np
 from .config import SpeculationConfig
 from .control import acceptance_mode, make_controller
 from .drafting import Draft, NoDrafter, PredictionDrafter, PromptLookupDrafter, common_prefix
+from .engine import PassOptions
 from .errors import DraftBugWarning, DraftFailedWarning, OrtspecError
 from .logprobs import token_logprob
 from .results import Event, Stats
@@ -89,8 +90,9 @@ class DecodeLoop:
         self.committed = list(req.prompt_ids)
         self.start, self.started = len(self.committed), time.perf_counter()
         target = self.target = ctx.target
-        # Bitwise: no target pass of a size whose rows round differently (pass-size invariance).
-        target.bitwise = req.speculation.bitwise
+        # what the target's passes read of each row; bitwise: no target pass of a size whose rows round
+        # differently (pass-size invariance)
+        self.passes = PassOptions.for_rules(self.pipe, req.speculation.bitwise)
         # Reuse whatever cached prefix still matches (the last token is always re-fed; bitwise, only positions
         # computed in multi-row passes), and make room for the whole request at once (a static cache grows by
         # copying otherwise).
@@ -99,11 +101,9 @@ class DecodeLoop:
         self._sync_drafter()
         self.draft_lm = self.drafter.lm
         room = self.start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1
-        for lm, rules in ((target, self.pipe), (self.draft_lm, self.draft_pipe)):
+        for lm in (target, self.draft_lm):
             if lm is not None:
                 lm.reserve(min(room, lm.capacity))
-                lm.top_k = rules.top_entries()  # the largest entries per row this request's rules read
-                lm.norm_scale = rules.norm_scale()  # and the scale of each row's normalizer (LazyRow)
         # A long prompt's first token comes from the target alone: the draft model reads the prompt in the
         # second round, so the user's wait for the first token is the target's prefill only. A draft reading the
         # target's cache never reads the prompt: it drafts from the second round on, always (whatever the target
@@ -204,7 +204,8 @@ class DecodeLoop:
         """One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma + 1 rows, verified left to right:
         the next token is a correction or the bonus."""
         tokens = r.draft.tokens
-        rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1)
+        rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1,
+                                        options=self.passes)
         # (strict checks and log-probabilities read the rows as the pass returned them: verification may rewrite
         # rows in place)
         r.raw = rows.copy() if self.req.strict or self.req.logprobs is not None else None
@@ -281,7 +282,7 @@ class DecodeLoop:
         if lm is not None and (lm.length > len(seen) - 1 or lm.tokens != seen[:lm.length]):
             raise InvariantError("draft cache holds tokens that are not on the committed path")
         m = len(r.new)
-        fresh = t.reference_logits(committed[:-1])[-m:]
+        fresh = t.reference_logits(committed[:-1], self.passes)[-m:]
         got = r.raw[:m]
         if not (np.array_equal(got, fresh) if bitwise else np.allclose(got, fresh, rtol=1e-4, atol=1e-4)):
             err = float(np.max(np.abs(got - fresh)))

@@ -5,13 +5,17 @@ random models of two families; each check has a negative control showing it dete
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from ortspec import SpeculativeGenerator
 from ortspec.bundle import load_bundle
 from ortspec.exactness import greedy_check, invariance_check
-from ortspec.engine import CausalLM, pass_bounds
+from ortspec.engine import CausalLM, PassOptions, pass_bounds
+
+BITWISE = PassOptions(bitwise=True)
 
 CONTEXT = [1, 17, 5, 99, 42, 8, 63, 120, 4, 77]
 SIZES = range(1, 18)  # every verify pass the runtime makes: 1 (target only) .. 17 (16 drafts + 1)
@@ -77,12 +81,12 @@ def test_a_block_size_is_recorded_and_a_long_block_target_runs_even_passes(workd
     report = invariance_check(lm, CONTEXT, positions=20, sizes=[2, 3, 4, 5])
     assert not report["invariant"]
     assert report["sizes"][3]["equal_rows"] < 20 and report["sizes"][2]["equal_rows"] == 20
-    lm.row_tile, lm.bitwise, lm.CHUNK = 2, True, 32
+    lm.row_tile, lm.CHUNK = 2, 32
     ids = [int(t) for t in np.random.default_rng(5).integers(3, 120, 151)]
-    whole = lm.prefill(ids)  # an odd feed longer than a pass: one throwaway position makes every pass even
-    lm.CHUNK = 128
-    assert np.array_equal(lm.prefill(ids), whole) and lm.length == 151
-    assert np.array_equal(lm.prefill(ids[:77], keep=3), whole[74:77])
+    whole = lm.prefill(ids, options=BITWISE)  # an odd feed longer than a pass: one throwaway position makes
+    lm.CHUNK = 128                            # every pass even
+    assert np.array_equal(lm.prefill(ids, options=BITWISE), whole) and lm.length == 151
+    assert np.array_equal(lm.prefill(ids[:77], keep=3, options=BITWISE), whole[74:77])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -102,17 +106,16 @@ def test_negative_control_one_position_passes_are_caught(kinds, kind):
 
 def test_long_feeds_in_chunks_give_the_same_bits(kinds):
     lm = target_lm(kinds["llama-int4"])
-    lm.bitwise = True
     ids = [int(t) for t in np.random.default_rng(3).integers(3, 120, 150)]
-    whole = lm.prefill(ids)
+    whole = lm.prefill(ids, options=BITWISE)
     lm.CHUNK = 32  # passes of 32, 32, 32, 31 (not 32 + 1: the short tail borrows one), 23
     assert pass_bounds(len(ids), 32, lm.ROW_TILE) == [0, 32, 64, 96, 128, 150]
     seen = []
     lm.progress = lambda done, total: seen.append((done, total))
-    assert np.array_equal(lm.prefill(ids), whole)
+    assert np.array_equal(lm.prefill(ids, options=BITWISE), whole)
     assert seen == [(32, 150), (64, 150), (96, 150), (128, 150), (150, 150)]
     lm.progress = None
-    assert np.array_equal(lm.prefill(ids[:129], keep=3), whole[126:129])
+    assert np.array_equal(lm.prefill(ids[:129], keep=3, options=BITWISE), whole[126:129])
     assert pass_bounds(129, 32, 32) == [0, 32, 64, 96, 127, 129] and pass_bounds(129, 32) == [0, 32, 64, 96, 128, 129]
 
 
@@ -128,7 +131,7 @@ def test_logits_only_where_used(kinds):
         lm.new_round()
         lm.reset()
         lm.forward(ids[:n], keep=1, reuse=True)
-        assert lm._slots.leased == 1  # (the passes run for their keys and values alone gave theirs back)
+        assert lm.graph._slots.leased == 1  # (the passes run for their keys and values alone gave theirs back)
     for n, rows in zip((30, 90, 170, 40, 60), held):
         assert np.array_equal(rows, full[n - 2:n])
 
@@ -204,15 +207,11 @@ def test_strict_is_bitwise(kinds):
     from ortspec.generator import InvariantError
     gen = SpeculativeGenerator.load(kinds["llama-int4"], drafter="none")
     gen.generate(input_ids=CONTEXT, max_new_tokens=30, strict=True)
-    lm, real = gen.target, gen.target.forward
+    lm, real = gen.target, gen.target.forward_rows
 
-    def one_row_passes(ids, keep=None, reuse=False):
-        lm.bitwise = False
-        try:
-            return real(ids, keep, reuse)
-        finally:
-            lm.bitwise = True
-    lm.forward = one_row_passes
+    def one_row_passes(ids, keep=None, options=None):
+        return real(ids, keep, dataclasses.replace(options, bitwise=False))
+    lm.forward_rows = one_row_passes  # (a decoding round's passes)
     with pytest.raises(InvariantError, match="bitwise"):
         gen.generate(input_ids=CONTEXT, max_new_tokens=30, strict=True)
 

@@ -361,7 +361,7 @@ def test_a_self_draft_never_reads_the_prompt(llama_bundle, pair_bundle):
     assert SpeculativeGenerator.load(pair_bundle).drafter.source is None  # another model's cache means nothing
     passes = []
     run = gen.drafter.lm._pass
-    gen.drafter.lm._pass = lambda ids, start, keep: passes.append(len(ids)) or run(ids, start, keep)
+    gen.drafter.lm._pass = lambda ids, *rest: passes.append(len(ids)) or run(ids, *rest)
     ids = [1] + list(range(3, 60))
     want = own.sibling("none").generate(input_ids=ids, max_new_tokens=30, eos_token_id=[], do_sample=False)
     for sampled in (False, True):

@@ -78,12 +78,12 @@ def test_another_thread_waits_for_an_open_stream_or_gives_up_after_its_timeout(g
 
 # -- the drafter failure policy ----------------------------------------------------------------------------------
 def _break(drafter, error):
-    original = drafter.lm.forward
+    original = drafter.lm.forward_rows
 
-    def broken(ids, keep=None, reuse=False):
+    def broken(ids, keep=None, options=None):
         raise error
-    drafter.lm.forward = broken
-    return lambda: setattr(drafter.lm, "forward", original)
+    drafter.lm.forward_rows = broken  # (a decoding round's passes)
+    return lambda: setattr(drafter.lm, "forward_rows", original)
 
 
 def test_a_draft_failure_costs_one_request_says_why_and_the_next_request_drafts_again(llama_bundle):

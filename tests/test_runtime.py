@@ -72,7 +72,7 @@ def test_kv_trim_graph_matches_slicing(pair_bundle):
     lm.prefill(list(range(1, 12)))
     full = [v.numpy().copy() for v in lm.cache.past]
     lm.rollback(4)
-    trimmed = [v.numpy() for v in lm.cache._trimmed(4)]
+    trimmed = [v.numpy() for v in lm.cache.trimmed(4)]
     for a, b in zip(full, trimmed):
         assert np.array_equal(a[:, :, :4], b)
 
@@ -288,9 +288,9 @@ def test_ids_only_bundle_generates_from_input_ids(ids_bundle):
 def test_failing_draft_degrades_to_target_only(pair_bundle, baselines):
     gen = SpeculativeGenerator.load(pair_bundle)
 
-    def broken(ids, keep=None, reuse=False):
+    def broken(ids, keep=None, options=None):
         raise ModelRunError("simulated draft failure")
-    gen.drafter.lm.forward = broken
+    gen.drafter.lm.forward_rows = broken  # (a decoding round's passes)
     with pytest.warns(RuntimeWarning, match="simulated draft failure"):
         res = gen.generate(input_ids=PROMPTS[0], max_new_tokens=40)
     assert res.token_ids == baselines[tuple(PROMPTS[0])]

@@ -478,12 +478,12 @@ def test_a_follow_up_turn_feeds_only_its_new_tokens(api):
     ids = api.codec.encode_messages(convo)
     assert common_prefix(cached, ids) == len(cached)  # the reply re-encodes to the generated ids
     fed = []
-    forward = api.target.forward
-    api.target.forward = lambda feed, keep=None, reuse=False: fed.append(len(feed)) or forward(feed, keep, reuse)
+    forward = api.target.forward_rows  # (a decoding round's passes)
+    api.target.forward_rows = lambda feed, keep=None, options=None: fed.append(len(feed)) or forward(feed, keep, options)
     try:
         turn2 = api.generate(messages=convo, max_new_tokens=8, do_sample=False, eos_token_id=[], num_draft_tokens=4)
     finally:
-        api.target.forward = forward
+        api.target.forward_rows = forward
     assert fed[0] <= len(ids) - len(cached) + 1 + 4  # new tokens (at most one re-fed) and the first round's drafts
     cold = SpeculativeGenerator.load(api.bundle.root).generate(messages=convo, max_new_tokens=8, do_sample=False,
                                                                eos_token_id=[])

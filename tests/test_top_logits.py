@@ -16,7 +16,7 @@ from ortspec.errors import BundleError
 from ortspec.sampling import LAZY_TOP, Dist, LazyRow, LogitsPipeline, inverse_cdf_list, min_mass_lists
 from ortspec.sampling.kernels import inverse_cdf
 from ortspec.config import SamplingConfig
-from ortspec.engine import CausalLM, TopRows
+from ortspec.engine import CausalLM, PassOptions, TopRows
 from test_device_rows import SETTINGS, _ids, _run
 
 
@@ -28,9 +28,8 @@ def test_graphs_return_each_rows_largest_entries(pair_bundle, role):
     spec = getattr(b, role)
     assert spec.top_logits == {"k": "logits_top_k", "values": "top_values", "ids": "top_ids"}
     lm = CausalLM(spec, str(b.file(spec.path)))
-    lm.top_k = 9
     lm.forward(_ids(6, 0, 128))
-    rows = lm.forward_rows([5, 7, 5, 9], keep=3)
+    rows = lm.forward_rows([5, 7, 5, 9], keep=3, options=PassOptions(top_k=9))
     assert isinstance(rows, TopRows) and len(rows) == 3
     full = rows.numpy()
     ids, values, bound = rows.top(9)
@@ -50,9 +49,8 @@ def test_target_graphs_return_each_rows_normalizer(pair_bundle):
     assert b.target.logits_norm == {"scale": "logits_norm_scale", "norm": "logits_norm", "block": 32}
     assert b.draft.logits_norm is None
     lm = CausalLM(b.target, str(b.file(b.target.path)))
-    lm.top_k, lm.norm_scale = 4, 1 / 0.7
     lm.forward(_ids(6, 0, 128))
-    rows = lm.forward_rows([5, 7, 5, 9], keep=3)
+    rows = lm.forward_rows([5, 7, 5, 9], keep=3, options=PassOptions(top_k=4, norm_scale=1 / 0.7))
     full = rows.numpy().astype(np.float64)
     for i in range(3):
         scale, z, block = rows[i].norm()
@@ -75,10 +73,10 @@ def test_top_rows_give_the_same_tokens_as_whole_rows(pair_bundle, setting, monke
     prompts = [_ids(6 + 3 * j, j, 128) for j in range(4)]
     top.target.rows_read = 0
     assert _run(top, setting, prompts) == _run(host, setting, prompts)
-    if top.target.top_k:  # rows came with their top entries
+    rules = LogitsPipeline(SamplingConfig(**SETTINGS[setting]), 128)
+    if rules.top_entries():  # rows came with their top entries
         assert top.target.rows_read > 0
-    lazy = LogitsPipeline(SamplingConfig(**SETTINGS[setting]), 128).lazy_rows()
-    assert (sum(b is not None for b in bounded) > 10) is lazy  # verdicts from the normalizer: without truncation
+    assert (sum(b is not None for b in bounded) > 10) is rules.lazy_rows()  # verdicts from the normalizer: without truncation
 
 
 PENALIZED = {

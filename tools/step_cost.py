@@ -36,7 +36,7 @@ def main() -> int:
         sys.exit("--positions, --context and --repeat must be positive")
 
     from ortspec.bundle import load_bundle
-    from ortspec.engine import CausalLM
+    from ortspec.engine import CausalLM, PassOptions
     from ortspec.profile import context_ids
     lms = {}
     for root in args.bundles:
@@ -45,17 +45,17 @@ def main() -> int:
         if spec is None:
             sys.exit(f"{root} has no {args.model} model")
         lms[root] = CausalLM(spec, str(b.file(spec.path)), thread_pool=args.pool)
-        lms[root].bitwise = args.bitwise
+    options = PassOptions(bitwise=args.bitwise)
     ids = context_ids(min(lm.spec.vocab_size for lm in lms.values()), args.context + max(sizes))
     for lm in lms.values():
-        lm.prefill(ids[:args.context])
+        lm.prefill(ids[:args.context], options=options)
     times = {root: {n: [] for n in sizes} for root in lms}
     for _ in range(args.repeat):
         for root, lm in lms.items():
             for n in sizes:
                 lm.rollback(args.context)
                 t0 = time.perf_counter()
-                lm.forward(ids[args.context:args.context + n])
+                lm.forward(ids[args.context:args.context + n], options=options)
                 times[root][n].append(time.perf_counter() - t0)
     width = max(len(r) for r in lms)
     print(f"{'bundle':{width}s}  " + "  ".join(f"{n:>2d}-pos ms" for n in sizes) + f"   ({args.model}, {args.pool} pool, "

@@ -109,8 +109,7 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
     than ``settle`` (on a quiet machine 3: min of 3 read within 1.6% of min of 5 on the recipes' pairs; a busy
     spell moves a minimum by tens of percent)."""
     ctx = _ids(target, context, 0)
-    saved = target.bitwise
-    target.bitwise = False  # raw cost of each pass size; bitwise decoding reads C_t(2) for one-token steps
+    # (plain passes: the raw cost of each pass size; bitwise decoding reads C_t(2) for one-token steps)
     for lm in filter(None, (target, draft)):
         lm.prefill(ctx)
         _timed(lm, ctx, 1, 3)  # warm-up: first runs pay for page faults and allocations
@@ -136,7 +135,6 @@ def measure(target, draft=None, context: int = 128, max_k: int = 9, reps: int = 
         out["draft_cost"], out["repetitions"] = draft_cost, repetitions
     for lm in filter(None, (target, draft)):
         lm.reset()
-    target.bitwise = saved
     return out
 
 

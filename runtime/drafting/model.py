@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..engine import CausalLM
+from ..engine import CausalLM, PassOptions
 from .base import Draft, Drafter, check_window, common_prefix
 
 
@@ -69,8 +69,9 @@ class ModelDrafter(Drafter):
         feed = seen[self.lm.length:]
         tokens: list[int] = []
         dists = []
+        options = PassOptions.for_rules(pipeline)  # what the pipeline reads of each row
         for _ in range(gamma):
-            logits = self.lm.forward_rows(feed, keep=1)
+            logits = self.lm.forward_rows(feed, keep=1, options=options)
             if sampling:  # processors (repetition penalty) read the whole context, as the target's do
                 q = pipeline.row(logits[0], committed, tokens, inplace=True)
                 tok = q.sample(rng)

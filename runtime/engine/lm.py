@@ -1,23 +1,25 @@
-"""CausalLM: one exported graph — its onnxruntime session, IO binding, KV cache (cache.py), host buffers and rows."""
+"""CausalLM: one exported graph fed token by token — its passes (engine.passes: session, binding, host buffers,
+rows) over its KV cache (engine.cache: buffers and valid length)."""
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import numpy as np
 
 from ..bundle import ModelSpec
-from ..errors import BundleError, CacheOverflowError, ModelRunError, ProviderUnavailableError
-from .cache import ELEM, NP_DTYPE, GrowingCache, StaticCache
-from .graphs import topk_graph
-from .rows import Columns, DeviceRows, RowCounts, RowReading, TopRows
-from .session import LOGITS_PLACES, missing_provider, ort, providers_for, session_options
-from .slots import HostSlot, HostSlots
+from ..errors import CacheOverflowError
+from .passes import PLAIN, Graph, PassOptions, Reading
+from .rows import DeviceRows, TopRows
+
+ROUND = Reading(lazy=True, reuse=True)   # a decoding round's rows, read lazily where the graph allows
+REUSED = Reading(reuse=True)             # whole rows in the round's leased buffers
+OWN = Reading()                          # whole rows in arrays of the caller's own
 
 
 class CausalLM:
-    """Owns one model: session, IO binding, device-resident KV cache (``cache``: StaticCache or GrowingCache),
-    the tokens it holds (valid length), and the host buffers its passes write."""
+    """One model fed token by token: its graph's passes (``graph``: engine.passes.Graph — session, binding, host
+    buffers, rows) over its KV cache (``cache``: StaticCache or GrowingCache — buffers and the tokens it holds).
+    What a request asks of the passes comes with each call (``PassOptions``); nothing of it is kept here."""
 
     # positions per pass when feeding a long prompt: activations stay bounded. On a 2,000-token prompt to
     # Qwen2.5-1.5B INT4 (target alone), passes of 512 / 256 / 128 peaked at +964 / +558 / +360 MB over a
@@ -35,68 +37,62 @@ class CausalLM:
                  threads: int | None = None, trim: str = "auto", thread_pool: str = "session",
                  logits: str = "auto", profile: str | None = None):
         self.spec = spec
-        # the token id of each logits column (a vocab-subset draft's cover its id ranges in order)
-        self.columns = Columns([tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None,
-                               spec.output_vocab)
         self.provider = provider
-        self.device = "cuda" if provider == "cuda" else "cpu"
-        providers = providers_for(provider)
-        so = session_options(threads, thread_pool)
-        if profile:  # onnxruntime's profiler, to a file named from this prefix (session.end_profiling())
-            so.enable_profiling, so.profile_file_prefix = True, profile
-        try:
-            self.session = ort.InferenceSession(model_path, so, providers=providers)
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise ModelRunError(f"onnxruntime cannot load {model_path}: {exc}") from None
-        if providers[0] not in self.session.get_providers():  # onnxruntime falls back to the CPU with a warning
-            raise ProviderUnavailableError(missing_provider(providers[0], loaded=False))
-        self._check_graph_names()
         if trim not in ("auto", "graph", "host"):
             raise ValueError(f"trim must be 'auto', 'graph' or 'host', got {trim!r}")
-        if trim == "host" and self.device != "cpu":
+        if trim == "host" and provider == "cuda":
             raise ValueError("trim='host' needs the CPU provider; the cache of a GPU session lives on the GPU")
-        if logits not in LOGITS_PLACES:
-            raise ValueError(f"logits must be one of {', '.join(LOGITS_PLACES)}, got {logits!r}")
-        # Where the rows a decoding round reads stay: "device" keeps them where the graph wrote them and the host
-        # reads only the largest entries of each row (DeviceRows); "host" copies every kept row. auto: device on
-        # a GPU, host on the CPU provider (there host memory is the device, and numpy reads rows in place).
-        self.logits_on_device = logits == "device" or (logits == "auto" and self.device != "cpu")
-        self._topk = ort.InferenceSession(topk_graph(ELEM[spec.dtype]), session_options(1, thread_pool),
-                                          providers=providers) if self.logits_on_device else None
-        self.row_counts = RowCounts()  # rows read through their top entries / device rows copied in full
-        # what the rows of this model's passes read besides the pass's buffers
-        self.reading = RowReading(self.columns, spec.vocab_size, spec.output_vocab,
-                                  spec.logits_norm["block"] if spec.logits_norm else None,
-                                  self.device_top if self._topk is not None else None, self.row_counts)
-        # The graph's own TopK over each kept row (bundles exported with it): a decoding pass then brings back
-        # each row's ``top_k`` largest entries too, and the sampling rules read those instead of the row.
-        # "host" asks for whole rows only (the graph is still told to find one entry: its input must be fed).
-        self.top_rows = bool(spec.top_logits) and logits != "host"
-        self.top_k = 0          # entries per kept row decoding passes bring back (0: none; set per request)
-        self.norm_scale = 0.0   # the graph's normalizer scale (1 / temperature; 0: not read; set per request)
-        self.kv_inputs = [n for pair in spec.kv_inputs for n in pair]
-        self.kv_outputs = [n for pair in spec.kv_outputs for n in pair]
-        self.cache = StaticCache(self) if spec.kv_cache == "static" else \
-            GrowingCache.for_model(self, trim, thread_pool, providers)
-        # host buffers of decoding passes, leased until the next round (``new_round``; HostSlots)
-        self._slots = HostSlots(spec.vocab_size, NP_DTYPE[spec.dtype])
-        self._last_slot: HostSlot | None = None  # the kept slot the last pass wrote (``release_rows``)
-        self._reuse = False   # set by forward(reuse=True): this feed's rows may live in a leased slot
-        # Bitwise passes (see ROW_TILE): a position's logits and K/V are then the same bits whatever else
-        # shares its pass. The generator sets it per request.
-        self.bitwise = False
+        self.graph = Graph(spec, model_path, provider, threads, thread_pool, logits, profile)
+        self.device = self.graph.device
+        self.cache = self.graph.new_cache(trim, thread_pool)
         self.row_tile = spec.row_tile
         self.progress = None  # called as progress(done, total) after each pass of a feed longer than one pass
-        self._lazy = False    # set by forward_rows: the next feed's kept rows may stay on the device
-        self.run_time_s = 0.0
         self.reset()
+
+    # -- what the graph has --------------------------------------------------
+    @property
+    def session(self):
+        return self.graph.session
+
+    @property
+    def columns(self):
+        """The token id of each logits column (engine.rows.Columns)."""
+        return self.graph.columns
+
+    @property
+    def reading(self):
+        """What this model's rows read besides their pass's buffers (engine.rows.RowReading)."""
+        return self.graph.reading
+
+    @property
+    def row_counts(self):
+        return self.graph.row_counts
+
+    @property
+    def logits_on_device(self) -> bool:
+        """Whether a decoding round's rows stay on the device (DeviceRows)."""
+        return self.graph.logits_on_device
+
+    @property
+    def top_rows(self) -> bool:
+        """Whether decoding passes can bring back each row's largest entries (the graph's own TopK)."""
+        return self.graph.top_rows
+
+    @property
+    def run_time_s(self) -> float:
+        """Time spent inside onnxruntime, all passes together."""
+        return self.graph.run_time_s
 
     # -- state ------------------------------------------------------------
     def reset(self) -> None:
         """Forget everything fed so far (valid length 0)."""
         self.cache.clear()
-        self.tokens: list[int] = []
         self.canonical_length = 0  # leading positions whose K/V all came from rows on their tile's path
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens this model's cache holds, in order (its valid length)."""
+        return self.cache.tokens
 
     @property
     def static(self) -> bool:
@@ -110,7 +106,7 @@ class CausalLM:
     @property
     def length(self) -> int:
         """Valid cache length: how many tokens this model has been fed and keeps."""
-        return len(self.tokens)
+        return self.cache.length
 
     @property
     def capacity(self) -> int:
@@ -118,9 +114,7 @@ class CausalLM:
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` fed tokens. Never runs the model."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback length must be in [0, {self.length}], got {length}")
-        del self.tokens[length:]
+        self.cache.rewind(length)
         self.canonical_length = min(self.canonical_length, length)
 
     def can_share(self, source: "CausalLM") -> bool:
@@ -147,28 +141,36 @@ class CausalLM:
     def follow(self, length: int) -> None:
         """A model sharing another's cache (``share_cache``): its valid prefix becomes the owner's first
         ``length`` tokens, whose keys and values the owner computed."""
-        owner = self.cache.owner.lm if self.cache.owner is not None else None
-        if owner is None or not 0 <= length <= owner.length:
-            raise ValueError(f"follow: {length} positions are not all in a shared cache's owner")
-        self.tokens = owner.tokens[:length]
+        self.cache.follow(length)
         self.canonical_length = 0  # (meaningful for targets only)
 
-    def prefill(self, ids: Sequence[int], keep: int | None = None) -> np.ndarray:
+    def prefill(self, ids: Sequence[int], keep: int | None = None, options: PassOptions = PLAIN) -> np.ndarray:
         self.reset()
-        return self.forward(ids, keep)
+        return self.forward(ids, keep, options=options)
 
     # -- running ----------------------------------------------------------
-    def forward(self, ids: Sequence[int], keep: int | None = None, reuse: bool = False) -> np.ndarray:
+    def forward(self, ids: Sequence[int], keep: int | None = None, reuse: bool = False,
+                options: PassOptions = PLAIN) -> np.ndarray:
         """Feed ``ids`` after the valid cache; return float32 logits [keep, vocab] of the last ``keep`` of them
         (of all of them when ``keep`` is None). They are the caller's own arrays, except with ``reuse``: then
         they may be a host buffer this model writes again after its next ``new_round`` (decoding rounds, and
         loops that time passes as rounds run them: no fresh memory per pass).
 
-        Long feeds run in passes of at most ``CHUNK`` positions. With ``bitwise`` set, a feed whose pass
+        Long feeds run in passes of at most ``CHUNK`` positions. With ``options.bitwise``, a feed whose pass
         would have row_tile * k + 1 positions (a single token, typically; with a tile of 2, any odd number)
         re-feeds the cached token before it (its K/V come out bit for bit the same) or, with nothing cached,
         appends a throwaway position that stays outside the valid length.
         """
+        return self._forward(ids, keep, options, REUSED if reuse else OWN)
+
+    def forward_rows(self, ids: Sequence[int], keep: int | None = None, options: PassOptions = PLAIN):
+        """``forward`` for a decoding round: with logits kept on the device, the rows come back as DeviceRows
+        (only what the sampling rules read reaches the host); with the graph's top entries asked for
+        (``options.top_k``), as TopRows; otherwise as the float32 array of ``forward``. The rows are read in
+        place: they stay valid until this model's next ``new_round``."""
+        return self._forward(ids, keep, options, ROUND if self.graph.lazy_reads(options) else REUSED)
+
+    def _forward(self, ids: Sequence[int], keep: int | None, options: PassOptions, reading: Reading):
         ids = [int(t) for t in ids]
         n = len(ids)
         if not n:
@@ -179,7 +181,7 @@ class CausalLM:
         start = self.length
         lead = pad = 0
         # (CHUNK is a multiple of the tile, so then no pass of the feed has row_tile * k + 1 positions either)
-        if self.bitwise and n % self.row_tile == 1:
+        if options.bitwise and n % self.row_tile == 1:
             lead, pad = (1, 0) if start else (0, 1)
         if start + n + pad > self.capacity:
             raise CacheOverflowError(
@@ -188,60 +190,41 @@ class CausalLM:
         first = start - lead
         feed = self.tokens[first:start] + ids + ids[-1:] * pad
         self.reserve(first + len(feed))
-        self._reuse = reuse
-        try:
-            rows = self._feed(feed, first, keep + pad)
-        finally:
-            self._reuse = False
+        rows = self._feed(feed, first, keep + pad, options, reading)
         # Commit only after every pass succeeded (a failed run leaves the valid prefix as it was).
-        self.tokens[start:] = ids
+        self.cache.advance(start, ids)
         return rows[:keep] if pad else rows
-
-    def forward_rows(self, ids: Sequence[int], keep: int | None = None):
-        """``forward`` for a decoding round: with logits kept on the device, the rows come back as DeviceRows
-        (only what the sampling rules read reaches the host); with the graph's top entries asked for
-        (``top_k``), as TopRows; otherwise as the float32 array of ``forward``. The rows are read in place: they
-        stay valid until this model's next ``new_round``."""
-        if not self.logits_on_device and not (self.top_rows and self.top_k):
-            return self.forward(ids, keep, reuse=True)
-        self._lazy = True
-        try:
-            return self.forward(ids, keep, reuse=True)
-        finally:
-            self._lazy = False
 
     def new_round(self) -> None:
         """A decoding round begins: nothing read from earlier passes' rows (``forward_rows``) is read any more,
         so their host buffers may be written again."""
-        self._slots.new_round()
-        self._last_slot = None
+        self.graph.new_round()
 
     def release_rows(self) -> None:
         """The last pass's rows are not read any more (a greedy draft step read its token): the next pass may
         write the same buffer, still bound."""
-        self._slots.give_back(self._last_slot)
-        self._last_slot = None
+        self.graph.release_rows()
 
-    def reference_logits(self, ids: Sequence[int]) -> np.ndarray:
+    def reference_logits(self, ids: Sequence[int], options: PassOptions = PLAIN) -> np.ndarray:
         """Logits of a fresh prefill of ``ids`` (same passes and kernels), leaving the cache untouched."""
         ids = [int(t) for t in ids]
-        saved = (self.tokens, self.canonical_length, self.cache)
+        saved = (self.canonical_length, self.cache)
         try:
-            self.tokens, self.canonical_length = [], 0
+            self.canonical_length = 0
             self.cache = self.cache.fresh(len(ids) + 1)  # buffers of its own, even where the cache is shared
-            return self.forward(ids)
+            return self.forward(ids, options=options)
         finally:
-            self.tokens, self.canonical_length, self.cache = saved
+            self.canonical_length, self.cache = saved
 
-    def _feed(self, feed: list[int], first: int, rows: int) -> np.ndarray:
+    def _feed(self, feed: list[int], first: int, rows: int, options: PassOptions, reading: Reading) -> np.ndarray:
         """Run ``feed`` from position ``first`` in passes; logits of its last ``rows`` positions."""
         n = len(feed)
-        tile = self.row_tile if self.bitwise else 0
+        tile = self.row_tile if options.bitwise else 0
         if n <= self.CHUNK:  # one pass (every decoding round)
             kept = min(rows, n)
             if tile and kept % tile == 1:
                 kept += 1  # the output layer avoids a lone row too
-            logits = self._pass(feed, first, min(n, kept))
+            logits = self._pass(feed, first, min(n, kept), options, reading)
             return logits if kept == rows else logits[-rows:]
         bounds = pass_bounds(n, self.CHUNK, tile)
         out = []
@@ -250,7 +233,7 @@ class CausalLM:
             kept = max(want, 1)
             if tile and kept % tile == 1:
                 kept += 1  # the output layer avoids a lone row too
-            logits = self._pass(feed[a:b], first + a, min(b - a, kept))
+            logits = self._pass(feed[a:b], first + a, min(b - a, kept), options, reading)
             if want:
                 out.append(logits[-want:])
             else:
@@ -261,9 +244,9 @@ class CausalLM:
             return out[0]
         return np.concatenate([o.numpy() if isinstance(o, (DeviceRows, TopRows)) else o for o in out])
 
-    def _pass(self, ids: list[int], start: int, keep: int) -> np.ndarray:
+    def _pass(self, ids: list[int], start: int, keep: int, options: PassOptions, reading: Reading) -> np.ndarray:
         """One graph run over ``ids`` at ``start``; float32 logits of its last ``keep`` positions."""
-        logits = self.cache.run(ids, start, keep)
+        logits = self.graph.run(self.cache, ids, start, keep, options, reading)
         if len(ids) % self.row_tile != 1:  # (every row of the pass took the path of its tile)
             if start <= self.canonical_length:
                 self.canonical_length = start + len(ids)
@@ -280,20 +263,6 @@ class CausalLM:
     def token_ids(self, cols: np.ndarray) -> np.ndarray:
         """Token ids of logits columns (``Columns.token_ids``)."""
         return self.columns.token_ids(cols)
-
-    def device_top(self, value, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(values, columns) [rows, k] of the ``k`` largest entries of each row of a device-resident logits value
-        [1, rows, width], found by a TopK graph on the device (its time counted as the model's)."""
-        b = self._topk.io_binding()
-        b.bind_ortvalue_input("logits", value)
-        b.bind_cpu_input("k", np.array([k], dtype=np.int64))
-        b.bind_output("values", "cpu")
-        b.bind_output("indices", "cpu")
-        t0 = time.perf_counter()
-        self._topk.run_with_iobinding(b)
-        self.run_time_s += time.perf_counter() - t0
-        values, cols = (v.numpy()[0] for v in b.get_outputs())
-        return values, cols
 
     @property
     def rows_read(self) -> int:
@@ -312,90 +281,6 @@ class CausalLM:
     @rows_copied.setter
     def rows_copied(self, value: int) -> None:
         self.row_counts.copied = value
-
-    # -- what a cache's pass asks of its model --------------------------------
-    def rows_on_device(self) -> bool:
-        """This pass's rows stay on the device (DeviceRows)."""
-        return self._lazy and self.logits_on_device
-
-    def rows_with_top(self) -> bool:
-        """This pass's rows go out as rows with their largest entries (TopRows or DeviceRows)."""
-        return self._lazy
-
-    def host_slot(self, rows: int, k: int, on_device: bool) -> HostSlot:
-        """Host arrays for a pass's outputs: top entries only for rows left on the device; a slot leased for the
-        round for rows of a round (``forward(reuse=True)``); else arrays of the caller's own."""
-        if on_device:
-            return self._slots.one_off(rows, k, logits=False)
-        if self._reuse:
-            self._last_slot = self._slots.take(rows, k)
-            return self._last_slot
-        return self._slots.one_off(rows, k)
-
-    def bind_keep(self, b, n: int, keep: int) -> int:
-        """Bind logits_to_keep when the graph has it; the number of logits rows the run returns."""
-        if self.spec.logits_to_keep is None:
-            return n
-        b.bind_cpu_input(self.spec.logits_to_keep, np.array([keep], dtype=np.int64))
-        return keep
-
-    def execute(self, b) -> None:
-        """Run the bound graph, counting the time spent inside onnxruntime."""
-        t0 = time.perf_counter()
-        try:
-            self.session.run_with_iobinding(b)
-        except Exception as exc:
-            raise ModelRunError(f"onnxruntime failed running {self.spec.path}: {exc}") from None
-        finally:
-            self.run_time_s += time.perf_counter() - t0
-
-    def top_width(self) -> int:
-        """Top entries the next pass brings back per row: ``top_k`` in decoding passes, else 1 (the graph's
-        TopK input must be fed; one entry is the cheapest)."""
-        return max(1, min(self.top_k if self._lazy and self.top_rows else 1, self.spec.vocab_size))
-
-    def bind_top(self, b, slot: HostSlot, rows: int, k: int) -> None:
-        """Bind the graph's TopK outputs (and normalizers) to a slot's host arrays as [1, rows, k] ([1, rows])
-        (copied there from any device)."""
-        names = self.spec.top_logits
-        b.bind_output(names["values"], "cpu", 0, np.float32, [1, rows, k], slot.values_at)
-        b.bind_output(names["ids"], "cpu", 0, np.int64, [1, rows, k], slot.cols_at)
-        if self.spec.logits_norm:
-            b.bind_output(self.spec.logits_norm["norm"], "cpu", 0, np.float32, [1, rows], slot.norms_at)
-
-    def bind_slot(self, b, slot: HostSlot, rows: int, k: int) -> None:
-        """Bind a kept slot's host arrays as the pass's logits, top entries and normalizers (``bind_top``'s
-        outputs, through values the slot keeps)."""
-        logits, values, cols, norms = slot.outputs(rows, self.spec.vocab_size, k)
-        b.bind_ortvalue_output(self.spec.logits, logits)
-        if k:
-            names = self.spec.top_logits
-            b.bind_ortvalue_output(names["values"], values)
-            b.bind_ortvalue_output(names["ids"], cols)
-            if self.spec.logits_norm:
-                b.bind_ortvalue_output(self.spec.logits_norm["norm"], norms)
-
-    def _check_graph_names(self) -> None:
-        spec = self.spec
-        inputs = {i.name for i in self.session.get_inputs()}
-        outputs = {o.name for o in self.session.get_outputs()}
-        need_in = [spec.input_ids] + [n for p in spec.kv_inputs for n in p]
-        if spec.logits_to_keep:
-            need_in.append(spec.logits_to_keep)
-        need_in += [spec.seqlens_k, spec.total_sequence_length] if spec.kv_cache == "static" else [spec.attention_mask]
-        if spec.position_ids:
-            need_in.append(spec.position_ids)
-        need_out = [spec.logits] + [n for p in spec.kv_outputs for n in p]
-        if spec.top_logits:
-            need_in.append(spec.top_logits["k"])
-            need_out += [spec.top_logits["values"], spec.top_logits["ids"]]
-        if spec.logits_norm:
-            need_in.append(spec.logits_norm["scale"])
-            need_out.append(spec.logits_norm["norm"])
-        missing = [n for n in need_in if n not in inputs] + [n for n in need_out if n not in outputs]
-        if missing:
-            raise BundleError(f"{spec.path} lacks the inputs/outputs the manifest names: {missing[:4]}; "
-                              "the manifest does not describe this graph, re-export the bundle")
 
 
 def pass_bounds(n: int, size: int, tile: int = 0) -> list[int]:

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .sampling import RESIDUAL_EPS, Dist, acceptance_probability, residual, residual_draw
+from .sampling import RESIDUAL_EPS, Dist, TargetDist, acceptance_probability, residual, residual_draw
 
 __all__ = ["RESIDUAL_EPS", "Dist", "Verdict", "Uniforms", "acceptance_probability", "residual", "residual_draw",
            "sample", "sampled_verify", "verify_dists", "greedy_verify"]
@@ -77,12 +77,13 @@ def sampled_verify(draft_tokens: Sequence[int], draft_probs: np.ndarray,
                         lambda i: Dist.from_probs(target_probs[i]), rng)
 
 
-def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist], target_dist: Callable[[int], Dist],
-                 rng: np.random.Generator, min_mass: list | None = None) -> Verdict:
+def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist],
+                 target_dist: Callable[[int], TargetDist], rng: np.random.Generator,
+                 min_mass: list | None = None) -> Verdict:
     """The same rules over ``Dist`` rows; ``target_dist(i)`` is asked for row i only when the verdict needs it
     (rows after the first rejection are never computed); it may return a row that settles a draft's acceptance
-    without its whole distribution (``LazyRow``: ``accepts`` gives the verdict the whole distribution would,
-    ``dist()`` computes it when a draw needs it). With ``min_mass``, sum_x min(p_i, q_i) of every verified
+    without its whole distribution (a ``TargetDist`` such as ``LazyRow``: ``accepts`` gives the verdict the
+    whole distribution would, ``dist()`` computes it when a draw needs it). With ``min_mass``, sum_x min(p_i, q_i) of every verified
     position is appended to it (the acceptance probability there, for statistics)."""
     gamma = len(draft_tokens)
     for i, tok in enumerate(draft_tokens):

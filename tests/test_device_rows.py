@@ -11,7 +11,7 @@ import pytest
 from ortspec import SpeculativeGenerator
 from ortspec.config import SamplingConfig
 from ortspec.sampling import LogitsPipeline
-from ortspec.sampling.rules import penalize
+from ortspec.sampling.processors import penalize
 from ortspec.engine import DeviceRows, topk_graph
 from ortspec.engine.rows import Columns, RowCounts, RowReading
 
@@ -80,7 +80,7 @@ def test_wrong_rule_is_caught(generators, monkeypatch):
     def trusting(self, drow, k, base, new, dtype=np.float32):
         ids, vals, _ = drow.top(k)
         vals = vals.astype(dtype)
-        hit = np.isin(ids, self._seen_tokens(base, new))
+        hit = np.isin(ids, self.processors.seen_tokens(base, new))
         vals[hit] = penalize(vals[hit], self.config.repetition_penalty)
         kth = np.partition(vals, ids.size - k)[ids.size - k]
         return ids[vals >= kth], vals[vals >= kth], kth

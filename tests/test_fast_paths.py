@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ortspec.config import SamplingConfig
-from ortspec.sampling import LazyRow, LogitsPipeline, Row, Rows, acceptance_probability
+from ortspec.sampling import LazyRow, LogitsPipeline, Processors, Row, Rows, acceptance_probability
 from ortspec import reference
 
 EOS = 2
@@ -217,9 +217,9 @@ def test_lazy_rows_are_reached_by_the_generated_cases():
 
 def _banned_twice(self, base, new):
     """The bug fixed: a token that two words ban listed twice."""
-    banned = self._banned.tolist()
+    banned = self.banned_always.tolist()
     context = [int(t) for t in base[-16:]] + [int(t) for t in new]
-    for word in self._multi:
+    for word in self.multi:
         prefix = list(word[:-1])
         if word[-1] < self.vocab_size and context[len(context) - len(prefix):] == prefix:
             banned.append(word[-1])
@@ -246,7 +246,7 @@ def test_a_token_banned_twice_gives_the_reference_probabilities():
 
 
 def test_negative_control_a_token_banned_twice_is_caught(monkeypatch):
-    monkeypatch.setattr(LogitsPipeline, "_banned_list", _banned_twice)
+    monkeypatch.setattr(Processors, "banned", _banned_twice)
     with pytest.raises(AssertionError):
         test_a_token_banned_twice_gives_the_reference_probabilities()
 
@@ -273,7 +273,7 @@ def test_a_19_token_word_is_banned_at_every_position_of_a_pass():
 
 
 def test_negative_control_a_16_token_window_is_caught(monkeypatch):
-    monkeypatch.setattr(LogitsPipeline, "_banned_list", _banned_twice)
+    monkeypatch.setattr(Processors, "banned", _banned_twice)
     with pytest.raises(AssertionError):
         test_a_19_token_word_is_banned_at_every_position_of_a_pass()
 

@@ -79,18 +79,18 @@ def test_the_penalized_set_follows_the_context():
         context = [1]
         for extra in ([2], [3, 3], [7]):  # 7: outside the vocabulary
             pipe.greedy(rows, context)
-            assert pipe._seen == {t for t in context if t < 5}
+            assert pipe.processors.seen == {t for t in context if t < 5}
             context.extend(extra)
         pipe.greedy(rows, context)
-        assert pipe._seen == {1, 2, 3}
-        assert pipe.greedy(rows, [4])[0] == 1 and pipe._seen == {4}  # another list: read afresh
-        assert pipe.greedy(rows, [4, 1])[0] == 2 and pipe._seen == {4, 1}
+        assert pipe.processors.seen == {1, 2, 3}
+        assert pipe.greedy(rows, [4])[0] == 1 and pipe.processors.seen == {4}  # another list: read afresh
+        assert pipe.greedy(rows, [4, 1])[0] == 2 and pipe.processors.seen == {4, 1}
     pipe = LogitsPipeline(SamplingConfig(repetition_penalty=2.0), 5)
     context = [1, 2]
     pipe.greedy(rows, context)
     context[1] = 0  # changed in place (no decode loop does this): the flag is off, so it is noticed
     pipe.greedy(rows, context)
-    assert pipe._seen == {0, 1}
+    assert pipe.processors.seen == {0, 1}
 
 
 def test_context_of_each_row_includes_earlier_drafts():
@@ -178,10 +178,10 @@ def test_seen_tokens_follow_growing_changing_and_empty_contexts():
             base = base + [int(t) for t in rng.integers(0, 60, int(rng.integers(1, 4)))]
         new = [int(t) for t in rng.integers(0, 60, int(rng.integers(0, 4)))]
         if step % 3 == 1:  # (the reset at step 25 among them)
-            pipe._update_seen(base)
-            assert pipe._seen == {t for t in base if t < 50}, step
+            pipe.processors.update_seen(base)
+            assert pipe.processors.seen == {t for t in base if t < 50}, step
             continue
-        got = pipe._seen_tokens(base, new)
+        got = pipe.processors.seen_tokens(base, new)
         assert got.size == len(set(got.tolist()))  # no id twice
         assert set(got.tolist()) == {t for t in base + new if t < 50}, step
 

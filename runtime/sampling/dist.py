@@ -1,16 +1,73 @@
-"""Distributions a row is sampled from (Dist: sparse ids + probabilities, or dense weights) and the residual max(0, p - q)."""
+"""Distributions a row is sampled from (Dist: sparse ids + probabilities, or dense weights), the residual
+max(0, p - q), and what verification asks of a target row's distribution (TargetDist: a Dist, or a LazyRow)."""
 from __future__ import annotations
 
 import bisect
 import math
+from typing import Protocol
 
 import numpy as np
 
-from .kernels import (LEAN_MAX, RESIDUAL_EPS, THIN_TOTAL, inverse_cdf, weights_total,
+from .kernels import (LAZY_TOP, LEAN_MAX, RESIDUAL_EPS, THIN_TOTAL, inverse_cdf, weights_total,
                       block_sums, draw_weights, head_first, head_first_lists, inverse_cdf_list, min_mass_lists,
                       sample_weights, acceptance_probability)
 
-class Dist:
+
+# -- how a row is drawn from: the one rule Dist's draws, LazyRow's bounds and the pipeline's reading all follow --
+WIDE = 1.01  # a nucleus whose mass (top_p times the total) is above WIDE * LAZY_TOP is wide
+
+
+def nucleus_is_wide(top_p: float, total: float) -> bool:
+    """Whether a nucleus of top_p times a row's total (or a bound on it; weights at most 1) is wide: more mass
+    than the LAZY_TOP entries a pass returns can hold, with WIDE's margin."""
+    return top_p * total > WIDE * LAZY_TOP
+
+
+def is_thin(total: float) -> bool:
+    """Whether a dense row (no truncation) of this total (weights at most 1) is thin: its largest LAZY_TOP - 1
+    weights hold at most half of it."""
+    return total > THIN_TOTAL
+
+
+def drawn_head_first(top_p: float, total: float) -> bool:
+    """Whether draws from a row of this total (or an upper bound on it) take its head first (``Dist.head_ids``):
+    neither a wide nucleus (top-p) nor a thin dense row (no top-p; drawn in block order, its residual by
+    rejection, where further uniform numbers come). A property of the row alone, so every path that draws from
+    it — the whole row (Dist), its bounds (LazyRow) — keeps one way from uniform numbers to tokens."""
+    return not nucleus_is_wide(top_p, total) if top_p < 1.0 else not is_thin(total)
+
+
+class TargetDist(Protocol):
+    """What verification (``verify.verify_dists``) and the loop ask of a target row's distribution p: a Dist, or
+    a LazyRow that answers from bounds where they settle the answer and from its Dist otherwise — the same
+    answer either way."""
+
+    __slots__ = ()
+
+    def dist(self) -> Dist:
+        """The distribution itself."""
+
+    def prob(self, token: int) -> float:
+        """p(token)."""
+
+    def accepts(self, token: int, q: float, u: float) -> bool:
+        """Whether a draft ``token`` drawn with probability ``q`` passes for the uniform number ``u``:
+        u < min(1, p / q)."""
+
+    def draw(self, u: float, more=None) -> int:
+        """A token drawn from p by the uniform number ``u`` (``more()`` gives another where one is needed)."""
+
+    def sample(self, rng: np.random.Generator) -> int:
+        """A token drawn from p with ``rng``."""
+
+    def residual(self, draft: Dist, u: float, more=None) -> int:
+        """A token drawn from normalize(max(0, p - q)) (q: ``draft``) by ``u``."""
+
+    def min_mass(self, other: Dist) -> float:
+        """sum_x min(p(x), q(x)): the probability that a draft from ``other`` is accepted."""
+
+
+class Dist(TargetDist):
     """One row's distribution, in one of three forms:
 
     - small (``tokens``, ``plist``): Python lists, ids ascending, float probabilities summing to 1 — a top-k
@@ -142,12 +199,10 @@ class Dist:
         return {t: x / total for t, x in zip(self.tokens, self.plist)}
 
     def _thin(self) -> bool:
-        """A dense row whose total is above THIN_TOTAL: its largest LAZY_TOP - 1 weights (each at most 1) hold at
-        most half of it. Given further uniform numbers, such a row is drawn from in block order throughout (no
-        head first: a draw would rarely end in it) and its residual by rejection. A property of the row alone, so
-        LazyRow settles no draw of one from its head (``_draw_bounds``): each row keeps one way from uniform
-        numbers to tokens."""
-        return self.tokens is None and self._ids is None and self.total > THIN_TOTAL
+        """A thin dense row (``is_thin``; ``drawn_head_first`` is false for it). Given further uniform numbers, such a
+        row is drawn from in block order throughout (no head first: a draw would rarely end in it) and its
+        residual by rejection."""
+        return self.tokens is None and self._ids is None and is_thin(self.total)
 
     THIN_TRIALS = 16
 

@@ -2,61 +2,27 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
-from .dist import Dist
-from .kernels import (LAZY_TOP, RESIDUAL_EPS, LOG2_E, THIN_TOTAL, is_descending, head_of, heavy_prefix, acceptance_probability)
-from .rows import Row
-from .rules import penalized32
+from .dist import Dist, TargetDist, drawn_head_first
+from .kernels import (LAZY_TOP, RESIDUAL_EPS, LOG2_E, is_descending, head_of, heavy_prefix, acceptance_probability)
+from .processors import penalized32
 
 if TYPE_CHECKING:
     from .rules import RowRules
 
-def thin_head(row, pipe: "RowRules") -> bool:
-    """Whether a dense row's head (the entries read but the last: each weighs at most the largest, 1) holds at
-    most half of its mass, told from the graph's normalizer: a draw from it then needs the whole row more often
-    than not. (A penalty lowers some weights, so the raw normalizer is a rough guide there: this only chooses
-    where the row is computed, never what is drawn.)"""
-    if pipe.config.top_p < 1.0:
-        return False
-    norm = row.norm()
-    return norm is not None and norm[1] > THIN_TOTAL
+class RowBounds(NamedTuple):
+    """What a LazyRow knows of its row from the largest entries and the normalizer (``LazyRow._bounds``)."""
 
-
-WIDE = 1.01  # a nucleus whose mass (top_p times the total) is above WIDE * LAZY_TOP is wide (wide_nucleus)
-
-
-def nucleus_is_wide(top_p: float, total: float) -> bool:
-    """Whether a nucleus of top_p times a row's total (or a bound on it; weights at most 1) is wide: more mass
-    than the LAZY_TOP entries a pass returns can hold, with WIDE's margin."""
-    return top_p * total > WIDE * LAZY_TOP
-
-
-def wide_nucleus(row, pipe: "RowRules", base: Sequence[int] = (), new: Sequence[int] = ()) -> bool:
-    """Whether a top-p row's nucleus must reach past its largest entries read (LAZY_TOP of them), told from the
-    graph's normalizer: each weight is at most the largest one's, 1, so those entries hold at most LAZY_TOP of
-    the total, and where top_p of the total is more, the nucleus keeps tokens not read. LazyRow could settle
-    only verdicts on such a row (LazyRow._nucleus), and flat rows like these rarely accept a draft: the residual
-    draw then reads the row whole anyway, so it is read whole at once. For rows as wide as the vocabulary (the
-    normalizer is then the host's total, within 1e-5). Where processors change the row (context ``base +
-    new``), they only lower scores (a penalty above 1, bans): every weight of an id they leave alone is at least
-    its raw one (the largest processed score is at most the raw largest), and each one they change loses at most
-    its raw weight, at most 1, so the host's total is at least the normalizer less the number of ids they may
-    change. Which path reads a row never changes what it gives: this only chooses where it is computed."""
-    cfg = pipe.config
-    if cfg.top_p >= 1.0 or cfg.repetition_penalty < 1.0 or not isinstance(row, Row):
-        return False
-    norm = row.norm()
-    if norm is None or row.width != pipe.vocab_size:
-        return False
-    scale, z_graph, _ = norm
-    if abs(scale * cfg.temperature - 1.0) > 1e-9 or not nucleus_is_wide(cfg.top_p, z_graph):
-        return False
-    if pipe.processes:
-        z_graph -= sum(map(len, pipe.changed_ids(base, new)))  # (an id in two of the sets counted twice: less)
-    return nucleus_is_wide(cfg.top_p, z_graph)
+    scores: dict           # processed scores of the tokens read
+    top: float             # the largest processed score
+    inv_t: float           # 1 / temperature
+    z_lo: float            # the total's lower bound ...
+    z_hi: float            # ... and upper bound (finite)
+    kept: object           # the nucleus (top-p), or None
+    bound: float           # every entry not read scores at most this
 
 
 def _pick(lo: list[float], hi: list[float], x_lo: float, x_hi: float) -> int | None:
@@ -76,7 +42,7 @@ def _pick_pairs(bounds, x_lo: float, x_hi: float) -> int | None:
     return None
 
 
-class LazyRow:
+class LazyRow(TargetDist):
     """A target row under settings without truncation, in verification. The verdict on a draft x needs only
     min(1, p(x) / q(x)), and p(x) = weight(x) / total needs the whole row only for the total; the graph computed
     each row's normalizer (sum_j exp((logit_j - max) / T), in float32: ``logits_norm``) in the pass. From it, the
@@ -141,14 +107,13 @@ class LazyRow:
         if not self.pipe.lazy_rows():
             return self.NEVER
         read = self._bounds()
-        top_p = self.pipe.config.top_p
-        if isinstance(read, tuple) and (nucleus_is_wide(top_p, read[4]) if top_p < 1.0 else read[4] > THIN_TOTAL):
-            return self.NEVER  # (read[4]: the total's upper bound, finite)
+        if read is not None and not drawn_head_first(self.pipe.config.top_p, read.z_hi):
+            return self.NEVER  # (the total's upper bound, finite)
         return read
 
     def _lazy_draw(self, u: float) -> int | None:
         read = self._draw_bounds()
-        if not isinstance(read, tuple):
+        if read is None or read is self.NEVER:
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is not None:  # a nucleus: inverse CDF over p = weight / the kept weights' sum (summing to 1), the
@@ -197,7 +162,7 @@ class LazyRow:
     def _lazy_residual(self, draft: Dist, u: float) -> int | None:
         """``verify.residual_draw`` for a small q, from the bounds (None where they do not settle it)."""
         read = self._draw_bounds()
-        if not isinstance(read, tuple):
+        if read is None or read is self.NEVER:
             return read
         scores, top, inv_t, z_lo, z_hi, kept, bound = read
         if kept is not None:  # a nucleus: r = max(p - q, 0), the head first; its sum R = 1 - sum_x min(p, q)
@@ -360,7 +325,7 @@ class LazyRow:
                 kept = self._nucleus(order, top, inv_t, lo, hi, bound)
             if kept is None:
                 return None
-        return scores, top, inv_t, lo, hi, kept, bound
+        return RowBounds(scores, top, inv_t, lo, hi, kept, bound)
 
     def _z_bounds(self, z_graph: float, block: int, width: int, m: float, top: float, inv_t: float, extra: float,
                   changed_raw: float, changed: float, unread: float) -> tuple[float, float]:
@@ -448,13 +413,13 @@ class LazyRow:
         return raw_sum, change, others * math.exp((bound - m) * inv_t) if others and bound > -math.inf else 0.0
 
     def _changed_ids(self) -> tuple:
-        return self.pipe.changed_ids(self.base, self.new)
+        return self.pipe.processors.changed_ids(self.base, self.new)
 
     def _changed_mass(self, m: float, inv_t: float) -> tuple[float, float]:
         """What the processors change in the normalizer (reference ``m``): the raw terms of the ids they change,
         and those less the processed terms (float64)."""
         row = self.row.numpy()
-        ids, new_values = self.pipe.changes(row[:self.pipe.vocab_size], self.base, self.new)
+        ids, new_values = self.pipe.processors.changes(row[:self.pipe.vocab_size], self.base, self.new)
         if not ids.size:  # (each id once)
             return 0.0, 0.0
         raw = float(np.exp((row[ids].astype(np.float64) - m) * inv_t).sum())
@@ -473,7 +438,7 @@ class LazyRow:
         miss = [t for t in tokens if t not in scores and 0 <= t < vocab]
         if miss:  # tokens below the largest entries: their raw scores from the row, processed here
             seen, new, banned = self._changed_ids()
-            t32 = self.pipe.theta32
+            t32 = self.pipe.processors.theta32
             for t, r in zip(miss, self.row.numpy()[miss].tolist()):
                 if t in banned:
                     r = -math.inf

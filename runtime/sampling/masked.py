@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from .pipeline import LogitsPipeline
+from .processors import MaskedProcessors
 
 
 class TokenMask:
@@ -19,22 +20,12 @@ class TokenMask:
 
 class MaskedPipeline(LogitsPipeline):
     """A pipeline whose rows are masked before the warpers: the mask is a logits processor in transformers'
-    order (after repetition penalty and banned words, before temperature, top-k and top-p), so a disallowed token
-    has probability 0 and greedy decoding never picks it. Rows are read whole (a row's largest entries settle
-    nothing once most of the vocabulary may be masked)."""
+    order (after repetition penalty and banned words, before temperature, top-k and top-p; MaskedProcessors),
+    so a disallowed token has probability 0 and greedy decoding never picks it. Rows are read whole (a row's
+    largest entries settle nothing once most of the vocabulary may be masked)."""
 
     def __init__(self, pipe: LogitsPipeline, mask: TokenMask):
-        super().__init__(pipe.config, pipe.vocab_size, pipe.scratch)
+        super().__init__(pipe.config, pipe.vocab_size, pipe.scratch,
+                         MaskedProcessors(pipe.config, pipe.vocab_size, mask))
         self.mask = mask
-        self.processes = self.whole_rows = True
-
-    def changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        ids, values = super().changes(row, base, new)
-        allowed = self.mask.allowed(base, new)
-        if allowed is None:
-            return ids, values
-        if ids.size:  # a masked id is -inf, penalized or not (each id changed once)
-            keep = allowed[ids]
-            ids, values = ids[keep], values[keep]
-        banned = np.flatnonzero(~allowed[:self.vocab_size])
-        return np.concatenate([ids, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
+        self.whole_rows = True

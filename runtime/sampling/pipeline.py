@@ -22,9 +22,11 @@ from ..config import SamplingConfig, draft_sampling
 from .dist import Dist
 from .kernels import (BUCKETS, HIST_SHIFT, LAZY_TOP, LEAN_MAX, LOG2_E, SPARSE_MAX, NO_IDS, NO_SCORES, is_descending,
                       mass_reaching, restored_head, weights_total, array_head, block_sums, top_candidates, top_head)
-from .lazy import LazyRow, nucleus_is_wide, thin_head, wide_nucleus
+from .dist import nucleus_is_wide
+from .lazy import LazyRow
+from .rules import read_lazily
 from .rows import Row, Rows
-from .rules import penalize, penalized32
+from .processors import Processors
 from .scratch import Scratch
 
 class LogitsPipeline:
@@ -36,33 +38,27 @@ class LogitsPipeline:
     is conditioned on ``base + new``.
     """
 
-    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None):
+    def __init__(self, config: SamplingConfig, vocab_size: int, scratch: Scratch | None = None,
+                 processors: Processors | None = None):
         self.config = config
         self.vocab_size = int(vocab_size)
         self.scratch = scratch or Scratch()
         self.lazy_settled = 0  # LazyRow verdicts settled from a row's largest entries
         self.lazy_read = 0     # ... and those that needed the whole row
-        single = [w[0] for w in config.bad_words_ids if len(w) == 1]
-        self._banned = np.array(sorted(set(single)), dtype=np.int64)
-        self._banned = self._banned[self._banned < self.vocab_size]
-        self._multi = [w for w in config.bad_words_ids if len(w) > 1]
-        self._reach = max((len(w) - 1 for w in self._multi), default=0)  # context tokens a longer word matches
-        self._seen_of: list[int] = []     # the context whose distinct tokens are cached (repetition penalty)
-        self._seen_base = None            # ... and the list object it was last read from
-        # Set by a decode loop whose context is one list that only grows (appended to) between calls: the same
-        # object is then taken to extend what was read from it without comparing its prefix again (right after
-        # a pass, comparing a few hundred tokens cost ~0.1 ms per row)
-        self.growing_context = False
-        self._seen: set[int] = set()
-        self._seen_order: list[int] = []  # the same ids in the order first seen (the array is made when asked for)
-        self._seen_array = np.zeros(0, dtype=np.int64)
-        self.theta32 = float(np.float32(config.repetition_penalty))  # the penalty as float32 rows meet it
-        bias = [(t, b) for t, b in config.logit_bias if t < self.vocab_size]
-        self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
-        self._bias_values = np.array([b for _, b in bias], dtype=np.float32)
-        self.processes = config.repetition_penalty != 1.0 or bool(config.bad_words_ids) or bool(bias)
+        # bias, penalty, bans (and a mask): the scores they change, for whole rows, top entries and LazyRow
+        self.processors = processors or Processors(config, self.vocab_size)
+        self.processes = self.processors.active
         # rows read whole, not through their largest entries: a bias (or a constraint's mask) may move any entry
-        self.whole_rows = bool(bias)
+        self.whole_rows = bool(self.processors.bias_ids.size)
+
+    @property
+    def growing_context(self) -> bool:
+        """Set by a decode loop whose context is one list that only grows between calls (Processors)."""
+        return self.processors.growing_context
+
+    @growing_context.setter
+    def growing_context(self, value: bool) -> None:
+        self.processors.growing_context = value
 
     # -- processors (greedy and sampling) ---------------------------------
     def scores(self, logits: np.ndarray, base: Sequence[int], new: Sequence[int] = ()) -> np.ndarray:
@@ -94,93 +90,9 @@ class LogitsPipeline:
             return int(self.greedy(drow.numpy()[None], base, new)[0])
         return int(min(found[0]))  # the lowest id among the ties of the largest
 
-    def _update_seen(self, base: Sequence[int]) -> None:
-        """Keep the distinct ids of ``base`` (inside the vocabulary) cached. A context that extends the last one
-        (as a request's does, round after round) only adds its new tokens to the cached set."""
-        n = len(self._seen_of)
-        same = self.growing_context and base is self._seen_base and len(base) >= n
-        if not same and (len(base) < n or list(base[:n]) != self._seen_of):
-            self._seen_of, self._seen, self._seen_order, n = [], set(), [], 0
-            self._seen_array = np.zeros(0, dtype=np.int64)
-        self._seen_base = base
-        if len(base) > n:
-            fresh = [int(t) for t in base[n:]]
-            self._seen_of.extend(fresh)
-            added = [t for t in dict.fromkeys(fresh) if t not in self._seen and 0 <= t < self.vocab_size]
-            if added:  # appended (the whole set is not rebuilt each round)
-                self._seen.update(added)
-                self._seen_order.extend(added)
-
-    def _seen_ids(self) -> np.ndarray:
-        """The cached distinct ids as an int64 array (extended from the list only when rows are read whole: the
-        paths that read a row's largest entries need just the set)."""
-        have, order = self._seen_array.size, self._seen_order
-        if have != len(order):
-            self._seen_array = np.concatenate([self._seen_array, np.asarray(order[have:], dtype=np.int64)])
-        return self._seen_array
-
-    def _seen_tokens(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
-        """Distinct ids of base + new inside the vocabulary."""
-        self._update_seen(base)
-        extra = [t for t in dict.fromkeys(int(t) for t in new) if t not in self._seen and 0 <= t < self.vocab_size]
-        ids = self._seen_ids()
-        return np.concatenate([ids, np.asarray(extra, dtype=np.int64)]) if extra else ids
-
     def changes(self, row: np.ndarray, base: Sequence[int], new: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The ids a row's processors change and their new scores (penalized, or -inf when banned)."""
-        if not self.processes:
-            return NO_IDS, NO_SCORES
-        seen = self._seen_tokens(base, new) if self.config.repetition_penalty != 1.0 else np.zeros(0, np.int64)
-        if self._bias_ids.size:  # the bias first (as transformers' SequenceBias), then the penalty where it reads
-            ids = np.union1d(seen, self._bias_ids)
-            values = row[ids].astype(row.dtype)
-            values[np.searchsorted(ids, self._bias_ids)] += self._bias_values.astype(row.dtype)
-            if seen.size:
-                at = np.isin(ids, seen)
-                values[at] = penalize(values[at], self.config.repetition_penalty)
-            seen = ids
-        else:
-            values = penalize(row[seen], self.config.repetition_penalty)
-        if not self.config.bad_words_ids:
-            return seen, values
-        banned = self._banned_now(base, new)
-        if seen.size and banned.size:  # a banned id is -inf, penalized or not (each id changed once)
-            keep = ~np.isin(seen, banned)
-            seen, values = seen[keep], values[keep]
-        return np.concatenate([seen, banned]), np.concatenate([values, np.full(banned.size, -np.inf, row.dtype)])
-
-    def changed_ids(self, base: Sequence[int], new: Sequence[int]) -> tuple:
-        """(the context's distinct ids, the new ones, the banned ones) as sets (empty where no processor reads
-        them): every id the processors may change at this position is in one of them."""
-        seen = fresh = banned = ()
-        if self.config.repetition_penalty != 1.0:
-            self._update_seen(base)
-            seen, fresh = self._seen, {int(t) for t in new}
-        if self.config.bad_words_ids:
-            banned = set(self._banned_list(base, new))
-        return seen, fresh, banned
-
-    def _banned_now(self, base: Sequence[int], new: Sequence[int]) -> np.ndarray:
-        return np.asarray(self._banned_list(base, new), dtype=np.int64)
-
-    def _banned_list(self, base: Sequence[int], new: Sequence[int]) -> list[int]:
-        """Ids banned at this position, each once: single-token bad words, and the last token of each longer bad
-        word whose other tokens end the context, as transformers matches them (the whole word, and only in a
-        context at least as long as the word)."""
-        banned = self._banned.tolist()
-        if self._multi:
-            reach, length = self._reach, len(base) + len(new)
-            context = [int(t) for t in new[-reach:]]
-            if len(context) < reach:
-                context = [int(t) for t in base[len(context) - reach:]] + context
-            extra = []
-            for word in self._multi:
-                n = len(word) - 1
-                if word[-1] < self.vocab_size and length > n and context[len(context) - n:] == list(word[:-1]):
-                    extra.append(word[-1])
-            if extra:
-                banned = list(dict.fromkeys(banned + extra))  # (a token two words ban is banned once)
-        return banned
+        """The ids a row's processors change and their new scores (``Processors.changes``)."""
+        return self.processors.changes(row, base, new)
 
     # -- rows a pass returns with their largest entries (Row: those entries and a bound on the rest) ----------
     TOP_MARGIN = 16  # entries read beyond the k a rule needs, for those the processors push down
@@ -220,14 +132,10 @@ class LogitsPipeline:
         return 1.0 / self.config.temperature if self.lazy_rows() else 0.0
 
     def verify_row(self, logits, base: Sequence[int], new: Sequence[int] = (), last: bool = False):
-        """A target row for verification: a LazyRow where the row comes with its largest entries and the settings
-        have no top-k (verdicts, draws and residual draws settled from its normalizer and largest entries), unless
-        those entries hold at most half of its mass (``thin_head``) and it is the ``last`` (only drawn from) or
-        penalized (whose bookkeeping then buys little: a flat row's verdicts are rarely settled, its draws
-        seldom), or its top-p nucleus is wide (``wide_nucleus``); else ``row`` (in place: a row is verified
+        """A target row for verification: a LazyRow (verdicts, draws and residual draws settled from its normalizer
+        and largest entries) where ``rules.read_lazily`` says so; else ``row`` (in place: a row is verified
         once)."""
-        if isinstance(logits, Row) and self.lazy_rows() and not wide_nucleus(logits, self, base, new) and \
-                not ((last or self.config.repetition_penalty != 1.0) and thin_head(logits, self)):
+        if read_lazily(logits, self, base, new, last):
             return LazyRow(self, logits, base, new)
         return self.row(logits, base, new, inplace=True)
 
@@ -283,22 +191,8 @@ class LogitsPipeline:
         if tok and max(tok) >= self.vocab_size:  # padding columns of a wider graph
             inside = [j for j, t in enumerate(tok) if t < self.vocab_size]
             tok, val = [tok[j] for j in inside], [val[j] for j in inside]
-        theta = self.config.repetition_penalty
-        if theta != 1.0:
-            self._update_seen(base)
-            hits = self._seen.intersection(tok)  # (one C-level pass: most entries read are not in the context)
-            if new:
-                hits.update({int(t) for t in new}.intersection(tok))
-            if hits:
-                val = list(val)  # (the lists read are not changed)
-                # float32 products and quotients, as NumPy makes them on float32 rows (rounded through ``one``:
-                # a float64 product or quotient of two float32 numbers rounds to float32 as float32 arithmetic does)
-                for j, t in enumerate(tok):
-                    if t in hits:
-                        val[j] = penalized32(val[j], self.theta32)
-        if self.config.bad_words_ids:
-            banned = set(self._banned_list(base, new))
-            val = [-math.inf if t in banned else v for t, v in zip(tok, val)]
+        if self.processes:
+            val = self.processors.processed(tok, val, base, new)
         return tok, val, float(bound)
 
     # -- warpers (sampling) -----------------------------------------------

@@ -16,19 +16,18 @@ import sys
 import time
 from typing import Callable
 
-from ortspec.checks import is_int
 from ortspec import __version__
 from ortspec.bundle import (FORMAT_VERSION, MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file,
                             write_manifest)
-from ortspec.config import check_decoding, check_generation
 from ortspec.errors import ExportError, IncompatibleModelsError
 
+from .config import KEEP, ExportConfig, ModelRequest
 from .genai import write_genai_config
-from .gguf_graph import fidelity_to_source, gguf_graph, reference_rows, split_layout
+from .gguf_graph import fidelity_to_source, gguf_graph, reference_rows
 from .graph import (DATA_SUFFIX, add_top_outputs, choose_graph, export_model, graph_facts, restrict_vocab,
                     subset_ranges)
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
-from .quantize import check_method, quantize
+from .quantize import quantize
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 Progress = Callable[[str], None]
@@ -38,81 +37,32 @@ def _stderr(msg: str) -> None:
     print(f"[ortspec export] {msg}", file=sys.stderr, flush=True)
 
 
-def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike = "bundle",
-                  draft_quant: str | None = None, target_quant: str | None = None,
-                  overwrite: bool = False, trust_remote_code: bool = False, graph: str = "auto",
-                  dtype: str | None = None, genai_config: int | None = None, draft_vocab: int | None = None,
-                  generation: dict | None = None, activations: str = "int8", decoding: dict | None = None,
-                  progress: Progress | None = _stderr, gguf_layout: str | None = "compact") -> Path:
-    """Export ``target`` (and ``draft``, or ``"self"`` for a quantized copy) into bundle ``out``.
+def export_bundle(target: str | ExportConfig, progress: Progress | None = _stderr, **options) -> Path:
+    """Export a target (and a draft) into a bundle: ``export_bundle(ExportConfig(...))``, or the same options as
+    keywords, ``export_bundle(target=..., draft=..., out=..., ...)`` (ExportConfig says what each one means).
+    ``progress`` is called with a line of text per step (None: silent).
 
-    Sources: a Hugging Face hub id, a local model directory, or a .gguf file.
-    graph: "fused" (onnxruntime contrib operators, in-place KV cache; Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3),
-    "optimum" (optimum's text-generation-with-past export), or "auto" (fused where supported).
-    dtype: None (default): a .gguf source exported without --*-quant keeps the file's quantized weights as they
-        are (MatMulNBits/GatherBlockQuantized holding the file's codes and scales: the GGUF model itself, no
-        second rounding); any other source, fp32. "fp32": float weights (a GGUF file dequantized);
-        "fp16": float16 (fused graphs only; meant for the CUDA execution provider).
-    genai_config: also write onnxruntime-genai configs, with this speculative.max_draft_tokens (1-16).
-    draft_vocab: give the draft an output layer for token ids [0, draft_vocab) and the special tokens only
-        (a cheaper draft; the other ids get probability 0 in q and the verifier's residual keeps the output exact).
-    generation: sampling settings the model's authors recommend (do_sample, temperature, top_k, top_p,
-        repetition_penalty), written into the bundle's generation_config.json as the defaults of generation.
-    decoding: the drafter and draft length a call that leaves them out uses ({"drafter": "hybrid",
-        "num_draft_tokens": "auto"}, say), written into the manifest; without it, "model" and 4.
-    draft_quant / target_quant: re-quantize that model ("int4", "int8w", ...; see quantize.METHODS; a
-        MatMulNBits method takes a block size as "int4:64"), or "gguf":
-        keep that .gguf file's own quantized weights even when ``dtype`` asks for float weights (an fp32 target
-        from one file with a draft kept as its file has it, say).
-    activations: how the matrices of a GGUF file kept as they are read their inputs: "int8" (default: rounded to
-        int8 per block, as llama.cpp's CPU kernels do; fastest) or "fp32" (the 4-bit matrices read float inputs:
-        closer to the file's model in float, at 1.3-2.9x the cost per decoding step on a CPU).
-    gguf_layout: how a .gguf file's quantized matrices are held when kept: "compact" (default: 4-bit types as
-        the file has them, their minimums folded into the same product, gguf_weights.folded; Q5/Q6_K
-        re-rounded to 8-bit codes in blocks of 128, gguf_weights.requantize8 — a pass reads ~12% fewer bytes and
-        runs fewer operators, for a change in the weights far below the file's own rounding) or "exact" (every
-        weight the file's to float rounding; Q6_K as 8-bit codes in blocks of 16). "compact:B" re-blocks to B
-        (16-256). None: "compact".
-    Returns the bundle path. Raises ExportError / IncompatibleModelsError.
+    Returns the bundle path. Raises ValueError for bad options (before any work), ExportError /
+    IncompatibleModelsError when the export cannot be done. The bundle is assembled beside ``out`` and renamed
+    into place only when complete.
     """
+    if isinstance(target, ExportConfig):
+        if options:
+            raise TypeError(f"export_bundle takes an ExportConfig or keyword options, not both ({sorted(options)})")
+        config = target
+    else:
+        config = ExportConfig(target=target, **options)
     say = progress or (lambda _m: None)
     from ortspec.engine import shared_thread_pool_active
     if shared_thread_pool_active():
         raise ExportError("this process runs onnxruntime on its shared thread pool (thread_pool='shared'), which "
                           "the exporters' own onnxruntime sessions cannot use; export in another process or "
                           "before loading any bundle")
-    _check_args(target, draft, draft_quant, target_quant)
-    if graph not in ("auto", "fused", "optimum"):
-        raise ValueError(f"graph must be 'auto', 'fused' or 'optimum', got {graph!r}")
-    if activations not in ("int8", "fp32"):
-        raise ValueError(f"activations must be 'int8' or 'fp32', got {activations!r}")
-    gguf_layout = gguf_layout or "compact"
-    split_layout(gguf_layout)
-    if activations != "int8" and not any(
-            str(src).lower().endswith(".gguf") and (quant == KEEP or (not quant and dtype is None))
-            for src, quant in ((target, target_quant), (draft, draft_quant)) if src not in (None, "self")):
-        raise ValueError("activations applies to the matrices of a .gguf file kept as they are: pass a .gguf "
-                         "target or draft without --dtype and without re-quantizing it")
-    if dtype not in (None, "fp32", "fp16"):
-        raise ValueError(f"dtype must be None (as the source is), 'fp32' or 'fp16', got {dtype!r}")
-    if genai_config is not None and not is_int(genai_config, 1, 16):
-        raise ValueError(f"genai_config must be None or max_draft_tokens from 1 to 16, got {genai_config!r}")
-    if draft_vocab is not None and not is_int(draft_vocab, 1):
-        raise ValueError(f"draft_vocab must be None or a positive number of token ids, got {draft_vocab!r}")
-    check_generation(generation)  # refuse bad defaults before any work
-    decoding = None if decoding is None else check_decoding(decoding, draft is not None)
-    if draft_vocab is not None and draft is None:
-        raise ValueError("draft_vocab restricts the draft's output layer: pass a draft too")
-    if draft_vocab is not None and draft_quant == KEEP:
-        raise ValueError(f"draft_vocab rebuilds the draft's output layer from float weights: it cannot keep the "
-                         f"file's quantized weights (draft_quant={KEEP!r}); pick one")
-    if dtype == "fp16" and "int8" in (draft_quant, target_quant):
-        raise ValueError("int8 dynamic quantization needs fp32 weights; use int4 or int8w with fp16")
-    out = Path(out).expanduser()
-    _check_out(out, overwrite)
-    describe(target)
-    if draft not in (None, "self"):
-        describe(draft)
+    out = config.out
+    _check_out(out, config.overwrite)
+    for model in config.models():
+        if model.source != "self":
+            describe(model.source)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
@@ -120,17 +70,16 @@ def export_bundle(target: str, draft: str | None = None, out: str | os.PathLike 
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        manifest = _build(tmp, target, draft, draft_quant, target_quant, trust_remote_code, graph, dtype, say,
-                          draft_vocab, activations, gguf_layout)
-        if generation:
+        manifest = _build(tmp, config, say)
+        if config.generation:
             path = tmp / "generation_config.json"
-            config = json.loads(path.read_text()) if path.is_file() else {}
-            path.write_text(json.dumps(dict(config, **generation), indent=2))
-        write_manifest(tmp, dict(manifest, decoding=decoding) if decoding else manifest)
+            generation = json.loads(path.read_text()) if path.is_file() else {}
+            path.write_text(json.dumps(dict(generation, **config.generation), indent=2))
+        write_manifest(tmp, dict(manifest, decoding=config.decoding) if config.decoding else manifest)
         load_bundle(tmp, verify="size")  # what we wrote must load
-        if genai_config is not None:
+        if config.genai_config is not None:
             say("writing onnxruntime-genai configs")
-            write_genai_config(tmp, max_draft_tokens=genai_config)
+            write_genai_config(tmp, max_draft_tokens=config.genai_config)
         _publish(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -224,29 +173,6 @@ def _switch_manifest(root: Path, role: str, graph: Path) -> None:
     os.replace(tmp, root / MANIFEST)
 
 
-def _check_args(target, draft, draft_quant, target_quant) -> None:
-    if not isinstance(target, str) or not target:
-        raise ValueError("target must be a hub id, a model directory or a .gguf path")
-    if draft is not None and (not isinstance(draft, str) or not draft):
-        raise ValueError("draft must be None, 'self', a hub id, a model directory or a .gguf path")
-    for name, q in (("draft_quant", draft_quant), ("target_quant", target_quant)):
-        if q is not None and q != KEEP:
-            check_method(name, q)
-    if draft == "self" and draft_quant in (None, KEEP):
-        raise ValueError("draft='self' makes the draft a quantized copy of the target: pass draft_quant='int4' or 'int8'")
-    if draft is None and draft_quant is not None:
-        raise ValueError("draft_quant needs a draft: pass draft='self' or a draft model")
-    for name, q, src in (("draft_quant", draft_quant, draft), ("target_quant", target_quant, target)):
-        if q == KEEP and not str(src).lower().endswith(".gguf"):
-            raise ValueError(f"{name}={KEEP!r} keeps a .gguf file's own quantized weights, and {src!r} is not a "
-                             ".gguf file")
-    if target_quant == "int8":
-        raise ValueError("target_quant='int8' (dynamic quantization) is refused: it quantizes activations with one "
-                         "scale per pass, so a position's logits depend on the other positions in its pass and "
-                         "speculative output could not equal target-only output; use target_quant='int8w' (8-bit "
-                         "weights, activations quantized per block of each row: exact) or 'int4'")
-
-
 def _check_out(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ExportError(f"output {out} exists and is not a directory; choose another --out")
@@ -284,83 +210,60 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
-           trust_remote_code: bool, graph: str, dtype: str, say: Progress, draft_vocab: int | None = None,
-           activations: str = "int8", gguf_layout: str = "compact") -> dict:
-    say(f"loading target {target}")
-    src = load_source(target, trust_remote_code)
+def _build(tmp: Path, config: ExportConfig, say: Progress) -> dict:
+    """Both models' graphs (each through ``_graph``, then ``_quantized``), the tokenizer and the manifest's
+    entries, in ``tmp``."""
+    requests = {m.role: m for m in config.models()}
+    target, draft = requests["target"], requests.get("draft")
+    say(f"loading target {target.source}")
+    src = load_source(target.source, config.trust_remote_code)
     _check_disk(tmp, src.model, 2 + (draft is not None))
-    kind = choose_graph(src.model, graph)
     target_info = _model_facts(src)
-    t_quant = None
-    keep = {"target": target_quant == KEEP, "draft": draft_quant == KEEP}  # quant "gguf": the file as it is
-    target_quant, draft_quant = (None if q == KEEP else q for q in (target_quant, draft_quant))
-    if _keeps_blocks(src, dtype, target_quant, kind, say, keep["target"]):
-        say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) with the GGUF file's quantized weights")
-        t_quant = gguf_graph(src, tmp / "target", say, activations, gguf_layout)
-        fp32 = None
-        if draft == "self":  # the draft re-quantizes the float weights
-            fp32 = export_model(src.model, tmp / "target-fp32", kind, "fp32")
-    else:
-        say(f"exporting target ({_params(src.model) / 1e6:.0f}M parameters) to a {kind} ONNX graph")
-        fp32 = export_model(src.model, tmp / "target-fp32" if target_quant else tmp / "target", kind,
-                            dtype or "fp32")
+    target_graph, target_blocks = _graph(src, target, config, tmp, say)
+    fp32 = target_graph if target_blocks is None else None
+    if draft is not None and draft.source == "self" and target_blocks is not None:
+        fp32 = export_model(src.model, tmp / "target-fp32", choose_graph(src.model, config.graph), "fp32")
     tok_info = _save_tokenizer(src, tmp) if src.tokenizer is not None else None
     if tok_info is None:
         say("the target ships no tokenizer: the bundle will take token ids only")
     if src.generation_config is not None:
         src.generation_config.save_pretrained(str(tmp))
     # a target that will be rounded (the file's blocks, or re-quantized) is later measured against these
-    reference = reference_rows(src) if (t_quant or target_quant) and src.tokenizer is not None else None
+    reference = reference_rows(src) if (target_blocks or target.quant) and src.tokenizer is not None else None
     del src.model
     gc.collect()
     models = {}
     if draft is not None:
         say("preparing draft")
         draft_dir = tmp / "draft"
-        if draft == "self":
+        d_tok = None
+        if draft.source == "self":  # the target's float graph, quantized below
             draft_info = dict(target_info, source={"kind": "self", "ref": "target", "of": target_info["source"]})
-            draft_graph, d_tok = fp32, None
+            draft_graph, draft_blocks = fp32, None
         else:
-            dsrc = load_source(draft, trust_remote_code)
+            dsrc = load_source(draft.source, config.trust_remote_code)
             problem = tokenizer_difference(src.tokenizer, dsrc.tokenizer)
             if problem:
-                raise IncompatibleModelsError(f"draft {draft} and target {target} do not share a tokenizer: "
-                                              f"{problem}; pick a draft from the same model family")
+                raise IncompatibleModelsError(f"draft {draft.source} and target {target.source} do not share a "
+                                              f"tokenizer: {problem}; pick a draft from the same model family")
             draft_info = _model_facts(dsrc)
-            dkind = choose_graph(dsrc.model, graph)
-            native_quant = None
-            if _keeps_blocks(dsrc, dtype, draft_quant or (draft_vocab and "vocab"), dkind, say, keep["draft"]):
-                say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) with the GGUF file's "
-                    "quantized weights")
-                native_quant = gguf_graph(dsrc, draft_dir, say, activations, gguf_layout)
-                draft_graph = draft_dir / "model.onnx"
-            else:
-                say(f"exporting draft ({_params(dsrc.model) / 1e6:.0f}M parameters) to a {dkind} ONNX graph")
-                draft_graph = export_model(dsrc.model, tmp / "draft-fp32" if draft_quant else draft_dir, dkind,
-                                           dtype or "fp32")
-            d_tok = None
+            draft_graph, draft_blocks = _graph(dsrc, draft, config, tmp, say)
             if dsrc.tokenizer is not None:
                 dsrc.tokenizer.backend_tokenizer.save(str(tmp / "draft-tokenizer.json"))
                 d_tok = "draft/tokenizer.json"
             del dsrc
             gc.collect()
         subset = None
-        if draft_vocab is not None:
-            draft_graph, subset = _restrict_draft(tmp, draft_graph, draft_vocab, draft_info, target_info,
-                                                  in_place=not draft_quant, say=say)
-        quant = native_quant if draft != "self" else None
-        if draft_quant:
-            say(f"quantizing draft to {draft_quant}")
-            quant = quantize(draft_graph, draft_dir, draft_quant)
+        if config.draft_vocab is not None:
+            draft_graph, subset = _restrict_draft(tmp, draft_graph, config.draft_vocab, draft_info, target_info,
+                                                  in_place=not draft.quant, say=say)
+        quant = _quantized(draft, draft_graph, draft_dir, say) or draft_blocks
         if d_tok:
             os.replace(tmp / "draft-tokenizer.json", draft_dir / "tokenizer.json")
         models["draft"] = _spec(tmp, draft_dir / "model.onnx", draft_info, quant, d_tok, subset)
         shutil.rmtree(tmp / "draft-fp32", ignore_errors=True)
         shutil.rmtree(tmp / "draft-subset", ignore_errors=True)
-    if target_quant:
-        say(f"quantizing target to {target_quant}")
-        t_quant = quantize(fp32, tmp / "target", target_quant)
+    t_quant = _quantized(target, fp32, tmp / "target", say) or target_blocks
     shutil.rmtree(tmp / "target-fp32", ignore_errors=True)
     models["target"] = _spec(tmp, tmp / "target" / "model.onnx", target_info, t_quant, None, norm=True)
     if reference is not None:  # a rounded target: how far it is from the source's float model, measured once
@@ -369,6 +272,34 @@ def _build(tmp: Path, target: str, draft: str | None, draft_quant, target_quant,
     return {"created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "models": {"target": models["target"], **({"draft": models["draft"]} if "draft" in models else {})},
             "tokenizer": tok_info, "export_versions": _versions()}
+
+
+def _graph(src: Source, model: ModelRequest, config: ExportConfig, tmp: Path, say: Progress) -> tuple[Path, dict | None]:
+    """One model's graph, target or draft alike: the GGUF file's own quantized weights where they are kept
+    (``_keeps_blocks``; written where the model ends up, with the manifest's quantization entry), else a float
+    graph (where the model ends up, or beside it in ``<role>-fp32/`` when a re-quantization follows). (graph,
+    the kept blocks' quantization entry or None)."""
+    kind = choose_graph(src.model, config.graph)
+    final = tmp / model.role
+    # (a draft whose output layer is restricted to a vocabulary subset is rebuilt from float weights)
+    requant = model.quant or (model.role == "draft" and config.draft_vocab is not None and "vocab")
+    size = f"{_params(src.model) / 1e6:.0f}M parameters"
+    if _keeps_blocks(src, config.dtype, requant, kind, say, model.keep):
+        say(f"exporting {model.role} ({size}) with the GGUF file's quantized weights")
+        blocks = gguf_graph(src, final, say, config.activations, config.gguf_layout)
+        return final / "model.onnx", blocks
+    say(f"exporting {model.role} ({size}) to a {kind} ONNX graph")
+    where = tmp / f"{model.role}-fp32" if model.quant else final
+    return export_model(src.model, where, kind, config.dtype or "fp32"), None
+
+
+def _quantized(model: ModelRequest, graph: Path | None, final: Path, say: Progress) -> dict | None:
+    """Re-quantize one model's float graph into ``final`` when its request says so: the manifest's quantization
+    entry, or None."""
+    if not model.quant:
+        return None
+    say(f"quantizing {model.role} to {model.quant}")
+    return quantize(graph, final, model.quant)
 
 
 def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progress, asked: bool = False) -> bool:
@@ -385,8 +316,6 @@ def _keeps_blocks(src: Source, dtype: str | None, requant, kind: str, say: Progr
         return False
     return True
 
-
-KEEP = "gguf"  # --target-quant/--draft-quant value: keep the .gguf file's own quantized weights
 
 def _save_tokenizer(src: Source, tmp: Path) -> dict:
     src.tokenizer.save_pretrained(str(tmp))

@@ -373,6 +373,24 @@ def test_bad_arguments(tmp_path, hf_models, kwargs, match):
         export_bundle(target=str(hf_models["llama"]), out=tmp_path / "b", progress=None, **kwargs)
 
 
+def test_a_config_value_exports_what_the_keywords_do(tmp_path, hf_models):
+    """export_bundle takes an ExportConfig (checked when made, before any work) or the same options as
+    keywords: the same graphs either way; both at once are refused."""
+    from ortspec.export import ExportConfig
+    options = dict(target=str(hf_models["llama"]), draft="self", draft_quant="int4")
+    config = ExportConfig(**options, out=tmp_path / "a")
+    assert [(m.role, m.source, m.quant) for m in config.models()] == \
+        [("target", options["target"], None), ("draft", "self", "int4")]
+    a = load_bundle(export_bundle(config, progress=None))
+    b = load_bundle(export_bundle(**options, out=tmp_path / "b", progress=None))
+    assert (a.target.sha256, a.draft.sha256) == (b.target.sha256, b.draft.sha256)
+    with pytest.raises(TypeError, match="not both"):
+        export_bundle(config, out=tmp_path / "c", progress=None)
+    with pytest.raises(ValueError, match="needs a draft"):
+        config.but(draft=None)
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "corrupt", "delete"])
 def test_damaged_graph_is_refused_at_load_and_inspect(tmp_path, llama_bundle, damage):
     from ortspec.inspect import inspect_bundle

@@ -57,11 +57,20 @@ class TextCodec:
         import jinja2
 
         special = {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
+        def render(shown: list[dict]) -> str:
+            return self._template().render(messages=shown, tools=tools, add_generation_prompt=True, **special)
         try:
             messages = check_messages(messages)
-            messages = generic_messages(messages, tools) if tool_style(self.chat_template) == "generic" \
-                else template_messages(messages)
-            return self._template().render(messages=messages, tools=tools, add_generation_prompt=True, **special)
+            if tool_style(self.chat_template) != "generic":
+                return render(template_messages(messages))
+            try:
+                return render(generic_messages(messages, tools))
+            except (ValueError, jinja2.TemplateError):
+                if not tools:
+                    raise
+                # a template that refuses a system message (Gemma 2's): the functions open the first user turn
+                return render(generic_messages(messages, tools, system=False))
         except jinja2.TemplateError as exc:
             raise ValueError(f"the bundle's chat template failed to render: {exc}") from None
 

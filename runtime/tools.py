@@ -130,10 +130,11 @@ Reply with one JSON object and nothing else. To call functions: {{"tool_calls": 
 "arguments": {{<the arguments>}}}}]}}. To reply without calling one: {{"response": "<your reply>"}}."""
 
 
-def generic_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+def generic_messages(messages: list[dict], tools: list[dict] | None, system: bool = True) -> list[dict]:
     """A conversation (as ``text.check_messages`` returns it) for a template that never shows tools: the
     functions and the answer's JSON form in the system message (appended to the first one, or a new first
-    one) when ``tools`` are given; earlier calls as the JSON an answer holds, and tool results as user turns
+    one; with ``system`` False, before the first user turn's text, for templates that refuse a system message)
+    when ``tools`` are given; earlier calls as the JSON an answer holds, and tool results as user turns
     (consecutive ones together), since such templates know neither."""
     names = {c.get("id"): c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
     out: list[dict] = []
@@ -156,10 +157,13 @@ def generic_messages(messages: list[dict], tools: list[dict] | None) -> list[dic
         functions = "\n".join(json.dumps({k: t["function"][k] for k in ("name", "description", "parameters")
                                            if k in t["function"]}, ensure_ascii=False) for t in tools)
         said = GENERIC_INSTRUCTION.format(functions=functions)
+        first_user = next((i for i, m in enumerate(out) if m["role"] == "user"), None)
         if out and out[0]["role"] == "system":
             out[0] = dict(out[0], content=out[0]["content"] + "\n\n" + said)
-        else:
+        elif system or first_user is None:
             out.insert(0, {"role": "system", "content": said})
+        else:
+            out[first_user] = dict(out[first_user], content=said + "\n\n" + out[first_user]["content"])
     return out
 
 

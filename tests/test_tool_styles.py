@@ -118,6 +118,25 @@ def test_a_generic_template_gets_the_tools_and_the_history_as_text(bundle):
     assert rendered.startswith("<s> w0 You can call") and '{"tool_response"' in rendered
 
 
+NO_SYSTEM = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+             "{% endif %}<s> {{ {'user': 'w1', 'assistant': 'w2'}[m['role']] }} {{ m['content'] }} </s> {% endfor %}"
+             "{% if add_generation_prompt %}<s> w2 {% endif %}")
+
+
+def test_a_template_that_refuses_a_system_message_gets_the_functions_in_the_first_user_turn(bundle):
+    """(Gemma 2's template raises on a system message.) Without tools it renders as before."""
+    codec = TextCodec(bundle / "tokenizer.json", dict(json.loads((bundle / "tokenizer_config.json").read_text()),
+                                                      chat_template=NO_SYSTEM))
+    assert tool_style(NO_SYSTEM) == "generic"
+    chat = [{"role": "user", "content": "add"}]
+    rendered = codec.render_messages(chat, check_tools(TOOLS))
+    assert rendered.startswith("<s> w1 You can call these functions") and rendered.count("<s> w1") == 1
+    assert rendered.endswith("\n\nadd </s> <s> w2 ")
+    assert codec.render_messages(chat) == "<s> w1 add </s> <s> w2 "
+    with pytest.raises(ValueError, match="System role"):  # the app's own system message: the template's error
+        codec.render_messages([{"role": "system", "content": "x"}] + chat)
+
+
 @pytest.fixture(scope="module")
 def generic_server(tmp_path_factory):
     """The structured tests' pair (1024 positions: the functions' description is long in its little tokenizer)

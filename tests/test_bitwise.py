@@ -172,12 +172,12 @@ def test_passes_reuse_their_bound_buffers(kinds):
     assert third.base is again.base and not bound and np.array_equal(third[0], full[33])
     # where binding copies host inputs (a GPU provider), every pass binds them again: the branch, run on CPU
     del held, again, third
-    lm.device, bound[:] = "cuda", []
+    lm.graph.device, bound[:] = "cuda", []
     for n in range(20, 24):
         lm.new_round()
         lm.rollback(n)
         assert np.array_equal(lm.forward(ids[n:n + 2], keep=1, reuse=True)[0], full[n + 1]), n
-    lm.device = "cpu"
+    lm.graph.device = "cpu"
     assert len(bound) == 4
 
 

@@ -43,13 +43,17 @@ class CausalLM:
         if trim == "host" and provider == "cuda":
             raise ValueError("trim='host' needs the CPU provider; the cache of a GPU session lives on the GPU")
         self.graph = Graph(spec, model_path, provider, threads, thread_pool, logits, profile)
-        self.device = self.graph.device
         self.cache = self.graph.new_cache(trim, thread_pool)
         self.row_tile = spec.row_tile
         self.progress = None  # called as progress(done, total) after each pass of a feed longer than one pass
         self.reset()
 
     # -- what the graph has --------------------------------------------------
+    @property
+    def device(self) -> str:
+        """Where the session runs: "cpu" or "cuda"."""
+        return self.graph.device
+
     @property
     def session(self):
         return self.graph.session

@@ -274,7 +274,8 @@ def _build(tmp: Path, config: ExportConfig, say: Progress) -> dict:
             "tokenizer": tok_info, "export_versions": _versions()}
 
 
-def _graph(src: Source, model: ModelRequest, config: ExportConfig, tmp: Path, say: Progress) -> tuple[Path, dict | None]:
+def _graph(src: Source, model: ModelRequest, config: ExportConfig, tmp: Path,
+           say: Progress) -> tuple[Path, dict | None]:
     """One model's graph, target or draft alike: the GGUF file's own quantized weights where they are kept
     (``_keeps_blocks``; written where the model ends up, with the manifest's quantization entry), else a float
     graph (where the model ends up, or beside it in ``<role>-fp32/`` when a re-quantization follows). (graph,

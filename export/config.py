@@ -1,7 +1,7 @@
 """ExportConfig: everything one export is asked to do, checked before any work (``export_bundle`` takes one)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 import os
 from pathlib import Path
 
@@ -77,7 +77,7 @@ class ExportConfig:
     draft_vocab: int | None = None
     generation: dict | None = None
     activations: str = "int8"
-    decoding: dict | None = field(default=None)
+    decoding: dict | None = None
     gguf_layout: str | None = "compact"
 
     def __post_init__(self) -> None:

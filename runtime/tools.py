@@ -138,21 +138,19 @@ def generic_messages(messages: list[dict], tools: list[dict] | None, system: boo
     (consecutive ones together), since such templates know neither."""
     names = {c.get("id"): c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
     out: list[dict] = []
+    results = False  # the last turn written holds tool results (the next ones join it)
     for m in messages:
-        if m.get("tool_calls"):
+        if m["role"] == "tool":
+            result = {"name": m.get("name") or names.get(m.get("tool_call_id"), ""), "content": m["content"]}
+            line = json.dumps({"tool_response": result}, ensure_ascii=False)
+            out.append({"role": "user", "content": out.pop()["content"] + "\n" + line if results else line})
+        elif m.get("tool_calls"):
             calls = [{"name": c["function"]["name"], "arguments": _arguments(c["function"])}
                      for c in m["tool_calls"]]
             out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
-        elif m["role"] == "tool":
-            result = {"name": m.get("name") or names.get(m.get("tool_call_id"), ""), "content": m["content"]}
-            line = json.dumps({"tool_response": result}, ensure_ascii=False)
-            if out and out[-1].get("tool_results"):
-                out[-1] = dict(out[-1], content=out[-1]["content"] + "\n" + line)
-            else:
-                out.append({"role": "user", "content": line, "tool_results": True})
         else:
             out.append(m)
-    out = [{k: v for k, v in m.items() if k != "tool_results"} for m in out]
+        results = m["role"] == "tool"
     if tools:
         functions = "\n".join(json.dumps({k: t["function"][k] for k in ("name", "description", "parameters")
                                            if k in t["function"]}, ensure_ascii=False) for t in tools)

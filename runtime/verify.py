@@ -83,8 +83,8 @@ def verify_dists(draft_tokens: Sequence[int], draft_dists: Sequence[Dist],
     """The same rules over ``Dist`` rows; ``target_dist(i)`` is asked for row i only when the verdict needs it
     (rows after the first rejection are never computed); it may return a row that settles a draft's acceptance
     without its whole distribution (a ``TargetDist`` such as ``LazyRow``: ``accepts`` gives the verdict the
-    whole distribution would, ``dist()`` computes it when a draw needs it). With ``min_mass``, sum_x min(p_i, q_i) of every verified
-    position is appended to it (the acceptance probability there, for statistics)."""
+    whole distribution would, ``dist()`` computes it when a draw needs it). With ``min_mass``, sum_x min(p_i, q_i)
+    of every verified position is appended to it (the acceptance probability there, for statistics)."""
     gamma = len(draft_tokens)
     for i, tok in enumerate(draft_tokens):
         target, draft = target_dist(i), draft_dists[i]

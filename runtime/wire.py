@@ -240,8 +240,8 @@ def answer(job: Job, text: str, finish: str) -> tuple[dict, str]:
     if job.tool_mode is None:
         return {"role": "assistant", "content": text}, finish
     content, calls = read_calls(text, job.tools, generic=job.tool_style == "generic")
-    if not calls:  # text (a generic template's {"response": ...} unwrapped)
-        return {"role": "assistant", "content": content if job.tool_style == "generic" else text}, finish
+    if not calls:  # the text (a generic template's {"response": ...} unwrapped)
+        return {"role": "assistant", "content": content}, finish
     return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 

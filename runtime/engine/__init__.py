@@ -10,7 +10,8 @@ from .session import (GPU_INSTALL, LOGITS_PLACES, PROVIDERS, THREAD_POOLS, check
 from .slots import HostSlot, HostSlots
 
 __all__ = [
-    "CausalLM", "pass_bounds", "Graph", "PassOptions", "PLAIN", "Reading", "KVLayout", "StaticCache", "GrowingCache", "DeviceRows", "PassRow", "TopRows", "HostSlot", "HostSlots", "kv_trim_graph",
-    "topk_graph", "GPU_INSTALL", "LOGITS_PLACES", "PROVIDERS", "THREAD_POOLS", "check_thread_pool",
-    "installed_builds", "providers_for", "session_options", "shared_thread_pool_active",
+    "CausalLM", "pass_bounds", "Graph", "PassOptions", "PLAIN", "Reading", "KVLayout", "StaticCache",
+    "GrowingCache", "DeviceRows", "PassRow", "TopRows", "HostSlot", "HostSlots", "kv_trim_graph", "topk_graph",
+    "GPU_INSTALL", "LOGITS_PLACES", "PROVIDERS", "THREAD_POOLS", "check_thread_pool", "installed_builds",
+    "providers_for", "session_options", "shared_thread_pool_active",
 ]

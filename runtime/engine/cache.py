@@ -46,7 +46,8 @@ class KVLayout:
 
     @classmethod
     def of(cls, spec: ModelSpec, device: str) -> "KVLayout":
-        return cls(tuple(n for pair in spec.kv_inputs for n in pair), tuple(n for pair in spec.kv_outputs for n in pair),
+        return cls(tuple(n for pair in spec.kv_inputs for n in pair),
+                   tuple(n for pair in spec.kv_outputs for n in pair),
                    spec.num_kv_heads, spec.head_dim, spec.dtype, device)
 
     def buffers(self, positions: int) -> list:

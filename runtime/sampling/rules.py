@@ -76,5 +76,6 @@ def wide_nucleus(row, pipe: RowRules, base: Sequence[int] = (), new: Sequence[in
     if abs(scale * cfg.temperature - 1.0) > 1e-9 or not nucleus_is_wide(cfg.top_p, z_graph):
         return False
     if pipe.processes:
-        z_graph -= sum(map(len, pipe.processors.changed_ids(base, new)))  # (an id in two of the sets counted twice: less)
+        # (an id in two of the sets is counted twice: less)
+        z_graph -= sum(map(len, pipe.processors.changed_ids(base, new)))
     return nucleus_is_wide(cfg.top_p, z_graph)

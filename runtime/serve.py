@@ -24,7 +24,7 @@ from .constrain import ConstraintError
 from .errors import OrtspecError
 from .generator import SpeculativeGenerator
 from .metrics import Metrics
-from .tools import held_format, tool_style
+from .tools import CallWatch, held_format, tool_style
 from .wire import (DEFAULT_MAX_BODY, ApiError, Job, Outcome, StopText, answer, failed_error, finish_reason_of,
                    logprobs_field, parse_request, response_body, sse_event, stream_chunk, usage_of)
 
@@ -140,7 +140,7 @@ class Engine:
                 self._live.discard(ticket)
 
     def _generate(self, ticket: Ticket) -> None:
-        stream, stop = ticket.stream, StopText(ticket.job.stop)
+        stream, stop, watch = ticket.stream, StopText(ticket.job.stop), _call_watch(ticket.job)
         tokens, reason, t0 = 0, None, time.perf_counter()
         try:
             for ev in stream:
@@ -148,9 +148,10 @@ class Engine:
                 if ev.logprobs:  # (every token generated, up to the one that completes a stop string)
                     ticket.put(("logprobs", ev.logprobs))
                 text, hit = stop.push(ev.text)
-                if text:
+                looped = watch is not None and watch.push(text)  # a held answer is read whole at the end
+                if text and watch is None:
                     ticket.put(("text", text))
-                if hit:
+                if hit or looped:
                     reason = "stop"
                     break
                 if ticket.cancel.is_set():
@@ -161,9 +162,13 @@ class Engine:
         stats, why = stream.result
         if reason is None:
             tail = stop.flush()
-            if tail:
+            if tail and watch is not None:
+                watch.push(tail)
+            elif tail:
                 ticket.put(("text", tail))
             reason = "length" if why == "length" else "stop"
+        if watch is not None:
+            ticket.put(("text", watch.text))
         seconds = time.perf_counter() - t0
         self.metrics.finished(reason, len(stream.prompt_ids), stats, stream.generator.drafter.name, seconds)
         self._finish(ticket, Outcome(reason, len(stream.prompt_ids), tokens, _stats_field(stats, ticket), seconds))
@@ -199,6 +204,18 @@ class Engine:
         for ticket in live:
             ticket.cancel.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_watch(job: Job) -> CallWatch | None:
+    """What ends a small model's loop in an answer held to calls (tools.CallWatch); None where the answer is not
+    held to calls (text, or "auto" on a template with a tool form of its own)."""
+    if job.tool_mode is None or job.tools is None:
+        return None
+    if job.tool_style == "generic":
+        return CallWatch("generic", job.tools)
+    if job.tool_mode != "auto":
+        return CallWatch("call", job.tools)
+    return CallWatch("tags", job.tools) if job.tool_style == "tags" else None
 
 
 def _stats_field(stats, ticket: Ticket) -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 DEV_PROMPTS = "dev.jsonl"      # 12 chat prompts (code, edit, summary, chat): bench's and verify's default
 LONG_PROMPTS = "long.jsonl"    # long edit and summary prompts (800-2,800 tokens)
 QUALITY_TEXT = "quality.txt"   # the text ``ortspec quality`` reads by default
+TOOL_QUESTIONS = "tool_questions.json"  # function tools as apps write them, questions as users ask (tools/tool_calls.py)
 
 
 def shipped(name: str) -> Path:

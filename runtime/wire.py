@@ -9,7 +9,7 @@ import uuid
 
 from .checks import is_int, is_number
 from .config import SpeculationConfig
-from .tools import check_choice, check_tools, read_calls
+from .tools import check_choice, check_tools, cut_inside_call, read_calls
 
 MAX_STOP = 4                 # stop strings per request, as OpenAI allows
 DEFAULT_MAX_BODY = 4 << 20   # bytes
@@ -57,7 +57,7 @@ class Job:
     tools: list | None = None       # function definitions (chat), checked
     tool_mode: str | None = None    # None (text), "auto", "required" or the name of the function to call
     tool_style: str = "tags"        # how the model's chat template meets tools (tools.tool_style), once opened
-    parallel_calls: bool = True     # OpenAI's parallel_tool_calls: False holds the answer to one call at most
+    parallel_calls: bool | None = None  # OpenAI's parallel_tool_calls (None: not said; tools.held_format)
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -86,7 +86,7 @@ def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | 
     return value
 
 
-def _boolean(body: dict, name: str, default: bool = False) -> bool:
+def _boolean(body: dict, name: str, default: bool | None = False) -> bool | None:
     value = body.get(name, default)
     if value is None:
         return default
@@ -130,10 +130,9 @@ def parse_request(body, kind: str, model_id: str, drafters: tuple[str, ...]) -> 
         tools, tool_mode = _tools(body)
         if tools is not None:
             source["tools"] = tools
-        parallel = _boolean(body, "parallel_tool_calls", True)
+        parallel = _boolean(body, "parallel_tool_calls", None)
     else:
-        tools = tool_mode = None
-        parallel = True
+        tools = tool_mode = parallel = None
         for name in ("tools", "tool_choice", "parallel_tool_calls"):
             if body.get(name) is not None:
                 raise ApiError(400, f"{name} is for /v1/chat/completions", name)
@@ -236,13 +235,18 @@ def _tools(body: dict) -> tuple[list | None, str | None]:
 
 def answer(job: Job, text: str, finish: str) -> tuple[dict, str]:
     """A chat answer's message and finish reason: with tools in play, the calls read from the text (finish
-    "tool_calls")."""
+    "tool_calls"); an answer that ``max_tokens`` cut inside a call finishes "length" with the calls it had
+    finished, never the unfinished one's text."""
     if job.tool_mode is None:
         return {"role": "assistant", "content": text}, finish
-    content, calls = read_calls(text, job.tools, generic=job.tool_style == "generic")
-    if not calls:  # the text (a generic template's {"response": ...} unwrapped)
-        return {"role": "assistant", "content": content}, finish
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    generic, call_only = job.tool_style == "generic", job.tool_mode != "auto"
+    content, calls = read_calls(text, job.tools, generic=generic, call_only=call_only)
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    if finish == "length" and cut_inside_call(text, generic, call_only):
+        return message, "length"
+    return message, "tool_calls" if calls else finish
 
 
 FORMATS = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}'

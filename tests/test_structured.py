@@ -411,13 +411,15 @@ def test_auto_tool_choice_holds_an_answer_or_calls(gen, answer, texts, refused):
 def test_server_auto_tool_choice_answers_text_or_valid_calls(server, gen):
     """With tool_choice "auto" the model chooses; whatever it chooses is well formed. A bias towards "<" (and
     against "{") under a JSON answer format makes it choose a call: the call's keys are forced, its arguments
-    valid. Without the bias, sampled answers are text without the tag, or valid calls."""
+    valid (one call: the random model would go on adding calls until max_tokens cut one, a "length" finish).
+    Without the bias, sampled answers are text without the tag, or valid calls."""
     import jsonschema
     client, model = server
     lt, brace = gen.codec.encode("<")[0], gen.codec.encode("{")[0]
     for stream in (False, True):
         r = client.chat.completions.create(model=model, messages=CHAT, tools=TOOLS, max_tokens=80, temperature=0,
                                            response_format={"type": "json_object"}, stream=stream,
+                                           parallel_tool_calls=False,
                                            logit_bias={str(lt): 100, str(brace): -100})
         if stream:
             chunks = [ch for ch in r if ch.choices]

@@ -12,8 +12,8 @@ pytest.importorskip("llguidance")
 from ortspec import SpeculativeGenerator  # noqa: E402
 from ortspec.constrain import Constraint, Vocabulary, grammar_for  # noqa: E402
 from ortspec.text import TextCodec  # noqa: E402
-from ortspec.tools import (call_schema, calls_or_answer, check_tools, generic_format, generic_messages,  # noqa: E402
-                           held_format, read_calls, tool_style)
+from ortspec.tools import (MAX_CALLS, CallWatch, call_schema, calls_or_answer, check_tools,  # noqa: E402
+                           cut_inside_call, generic_format, generic_messages, held_format, read_calls, tool_style)
 from test_structured import (PROMPT, TOOL_TEMPLATE, TOOLS, V, _params, bundle, gen,  # noqa: E402,F401 (fixtures)
                              save_bpe_tokenizer)
 from tiny import CHAT_TEMPLATE  # noqa: E402
@@ -45,20 +45,27 @@ CALL2 = '{"name":"get_weather","arguments":{"city":"Oslo"}}'
 
 
 @pytest.mark.parametrize("mode, answer, texts, refused", [
-    ("auto", None, ['{"tool_calls":[%s]}' % CALL, '{"tool_calls":[%s,%s]}' % (CALL, CALL2), '{"response":"ab cd"}'],
+    ("many", None, ['{"tool_calls":[%s]}' % CALL, '{"tool_calls":[%s,%s]}' % (CALL, CALL2), '{"response":"ab cd"}'],
      ["ab cd", '{"tool_calls":[]}', '{"tool_calls":[{"name":"nope","arguments":{}}]}',
       '{"tool_calls":[{"name":"add","arguments":{"a":1}}]}', '{"response":"x","more":1}',
       '{"tool_calls":[%s]} and more' % CALL, '{"response":{"a":1}}']),
     ("auto", "json", ['{"response":{"a":[1,2]}}', '{"tool_calls":[%s]}' % CALL], ['{"response":"ab"}', "ab"]),
     ("required", None, ['{"tool_calls":[%s]}' % CALL2], ['{"response":"ab"}', CALL2]),
     ("add", None, ['{"tool_calls":[%s]}' % CALL], ['{"tool_calls":[%s]}' % CALL2, '{"response":"ab"}']),
-    ("one", None, ['{"tool_calls":[%s]}' % CALL, '{"response":"ab"}'], ['{"tool_calls":[%s,%s]}' % (CALL, CALL2)]),
+    ("auto", None, ['{"tool_calls":[%s]}' % CALL, '{"response":"ab"}'], ['{"tool_calls":[%s,%s]}' % (CALL, CALL2)]),
+    ("required", None, ['{"tool_calls":[%s]}' % CALL], ['{"tool_calls":[%s,%s]}' % (CALL, CALL2)]),
+    ("many", None, ['{"tool_calls":[%s]}' % ",".join([CALL] * MAX_CALLS)],
+     ['{"tool_calls":[%s]}' % ",".join([CALL] * (MAX_CALLS + 1))]),
+    ("named-parallel", None, ['{"tool_calls":[%s]}' % CALL], ['{"tool_calls":[%s,%s]}' % (CALL, CALL)]),
 ])
 def test_a_generic_answer_is_held_to_calls_or_a_response(gen, mode, answer, texts, refused):
     """Every token of an allowed answer passes its mask and the answer may end there; a refused one is masked
-    out at some token or cannot end. ("one": "auto" with parallel_tool_calls false.)"""
+    out at some token or cannot end. One call unless parallel calls are asked for ("many": "auto" with
+    parallel_tool_calls true, at most MAX_CALLS); a named function is one call even then."""
     tools = check_tools(TOOLS)
-    fmt = generic_format(tools, "auto", answer, parallel=False) if mode == "one" else generic_format(tools, mode, answer)
+    fmt = generic_format(tools, "auto", answer, parallel=True) if mode == "many" else \
+        generic_format(tools, "add", answer, parallel=True) if mode == "named-parallel" else \
+        generic_format(tools, mode, answer)
     assert [held(gen, fmt, t) for t in texts] == [True] * len(texts)
     assert [held(gen, fmt, t) for t in refused] == [False] * len(refused)
 
@@ -80,6 +87,87 @@ def test_one_call_at_most_in_tags_too(gen):
     assert held(gen, one, tagged % CALL) and held(gen, one, "ab cd")
     assert not held(gen, one, tagged % CALL + "\n" + tagged % CALL2)
     assert held(gen, calls_or_answer(check_tools(TOOLS)), tagged % CALL + "\n" + tagged % CALL2)
+    many = calls_or_answer(check_tools(TOOLS))  # parallel: at most MAX_CALLS
+    assert held(gen, many, "\n".join([tagged % CALL] * MAX_CALLS))
+    assert not held(gen, many, "\n".join([tagged % CALL] * (MAX_CALLS + 1)))
+
+
+def test_what_parallel_tool_calls_allows_on_each_style():
+    """Not said: one call on a generic template (a small model shown no tool form repeats its first call),
+    several in tags; a named function is one call whatever is said."""
+    tools = check_tools(TOOLS)
+    for mode in ("auto", "required"):
+        assert held_format(tools, mode, CHAT_TEMPLATE) == generic_format(tools, mode, parallel=False)
+        assert held_format(tools, mode, CHAT_TEMPLATE, parallel=True) == generic_format(tools, mode, parallel=True)
+    assert held_format(tools, "add", CHAT_TEMPLATE, parallel=True) == generic_format(tools, "add")
+    assert held_format(tools, "auto", TOOL_TEMPLATE) == calls_or_answer(tools, parallel=True)
+    assert held_format(tools, "auto", TOOL_TEMPLATE, parallel=False) == calls_or_answer(tools, parallel=False)
+    assert held_format(tools, "add", TOOL_TEMPLATE, parallel=True) == call_schema(tools, "add")
+
+
+LOOPED = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_weather","arguments":' \
+         '{"city":"Paris"}},{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_weather","argu'
+
+
+def watched(form: str, text: str, step: int = 3) -> tuple[bool, str, int]:
+    """Feed a CallWatch ``text`` in pieces of ``step`` characters: whether it ended a loop, its text, and how much
+    of ``text`` it had read then."""
+    watch = CallWatch(form, check_tools(TOOLS))
+    for at in range(0, len(text), step):
+        if watch.push(text[at:at + step]):
+            return True, watch.text, at + step
+    return False, watch.text, len(text)
+
+
+def test_a_repeated_call_ends_the_answer_before_it():
+    """The issue's answer (the first call again and again until max_tokens): the watch ends it once the first
+    repeat is finished, closed after the first call; read, it is that one call. In any piece size."""
+    for step in (1, 3, 7, 40):
+        ended, text, read = watched("generic", LOOPED, step)
+        assert ended and read < len(LOOPED) * 2 // 3 + step
+        assert text == '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}'
+    assert read_calls(text, check_tools(TOOLS), generic=True)[1][0]["function"]["arguments"] == '{"city": "Paris"}'
+    # different calls go on; so do numbers that repeat (coordinates, counts)
+    assert not watched("generic", '{"tool_calls":[%s,%s,' % (CALL, CALL2))[0]
+    assert not watched("call", '{"name":"add","arguments":{"a":1,"b":1}}')[0]
+
+
+def test_a_looping_array_in_the_arguments_is_closed_where_the_call_stays_whole():
+    tools = check_tools(TOOLS)
+    schema_tools = check_tools([{"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "required": ["tags", "text"],
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}}, "text": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "log", "parameters": {
+            "type": "object", "required": ["text"],
+            "properties": {"text": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}}}}])
+    watch = CallWatch("call", schema_tools)  # "text" is required and not yet said: the answer goes on
+    assert not watch.push('{"name":"note","arguments":{"tags":["a","b","a"')
+    watch = CallWatch("call", schema_tools)
+    assert watch.push('{"name":"log","arguments":{"text":"hi","tags":["a","b","a"')
+    assert watch.text == '{"name":"log","arguments":{"text":"hi","tags":["a","b"]}}'
+    assert cut_inside_call(watch.said, False, call_only=True) and not cut_inside_call(watch.text, False, True)
+    watch = CallWatch("tags", tools)  # in tags: a block that repeats an earlier one ends the answer before it
+    assert not watch.push("Let me look.\n<tool_call>\n%s\n</tool_call>\n" % CALL)
+    assert watch.push("<tool_call>\n%s\n</tool_call>" % CALL)
+    assert watch.text == "Let me look.\n<tool_call>\n%s\n</tool_call>" % CALL
+    watch = CallWatch("tags", schema_tools)  # and a loop inside a block closes the block
+    assert watch.push('<tool_call>\n{"name":"log","arguments":{"text":"hi","tags":["a","a"')
+    assert watch.text == '<tool_call>\n{"name":"log","arguments":{"text":"hi","tags":["a"]}}\n</tool_call>'
+    with pytest.raises(ValueError, match="form"):
+        CallWatch("free", tools)
+
+
+def test_an_answer_cut_inside_a_call_gives_the_finished_calls_never_the_raw_format():
+    tools = check_tools(TOOLS)
+    assert read_calls(LOOPED, tools, generic=True)[0] is None
+    assert len(read_calls(LOOPED, tools, generic=True)[1]) == 1  # finished calls, repeats left out
+    assert read_calls('{"tool_calls":[{"name":"add","argu', tools, generic=True) == (None, [])
+    assert read_calls('{"name":"add","arguments":{"a":', tools, call_only=True) == (None, [])
+    text, calls = read_calls("Sure.\n<tool_call>\n%s\n</tool_call>\n<tool_call>\n{\"name\": \"get_w" % CALL, tools)
+    assert text == "Sure." and [c["function"]["name"] for c in calls] == ["add"]
+    assert read_calls("Sure.\n<tool_call>\n{\"na", tools) == ("Sure.", [])
+    assert cut_inside_call(LOOPED, True) and not cut_inside_call('{"tool_calls":[%s]}' % CALL, True)
+    assert cut_inside_call("a <tool_call>\n{", False) and not cut_inside_call("plain text", False)
 
 
 def test_a_generic_answer_is_read_as_calls_or_its_response():
@@ -204,3 +292,21 @@ def test_server_tool_choices_on_a_template_that_never_shows_tools(generic_server
                      {"role": "tool", "tool_call_id": call.id, "content": "42"}]
     r = client.chat.completions.create(model=model, messages=follow, tools=TOOLS, max_tokens=60, temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_server_answer_cut_inside_a_call_finishes_length_without_the_raw_format(generic_server):
+    """max_tokens reached inside a call, whole and streamed: finish "length" (as OpenAI says it), no content, and
+    only calls that were finished; never the held {"tool_calls": ... text."""
+    client, model, _ = generic_server
+    for stream in (False, True):
+        r = client.chat.completions.create(model=model, messages=CHAT, tools=TOOLS, tool_choice="required",
+                                           max_tokens=6, temperature=0, stream=stream)
+        if stream:
+            chunks = [ch for ch in r if ch.choices]
+            content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+            calls = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or []]
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            content, calls, finish = r.choices[0].message.content, r.choices[0].message.tool_calls, \
+                r.choices[0].finish_reason
+        assert finish == "length" and not content and not calls, r

@@ -19,6 +19,7 @@ from typing import Callable
 from ortspec import __version__
 from ortspec.bundle import (FORMAT_VERSION, MANIFEST, ModelSpec, is_bundle, load_bundle, sha256_file,
                             write_manifest)
+from ortspec.control.calibrate import PROFILE_FILE
 from ortspec.errors import ExportError, IncompatibleModelsError
 
 from .config import KEEP, ExportConfig, ModelRequest
@@ -28,6 +29,7 @@ from .graph import (DATA_SUFFIX, add_top_outputs, choose_graph, export_model, gr
                     subset_ranges)
 from .load import Source, describe, load_source, special_ids, tokenizer_difference
 from .quantize import quantize
+from .rows import make_row_invariant
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 Progress = Callable[[str], None]
@@ -101,7 +103,8 @@ UPGRADED = ".upgrade"  # a graph file's suffix while an upgrade's manifest point
 def upgrade_bundle(out: str | os.PathLike, progress: Progress | None = print) -> list[str]:
     """Bring an existing bundle's graphs to the current format without re-exporting: graphs exported before
     they returned each row's largest logits get the TopK, target graphs without it each row's normalizer
-    (``add_top_outputs``). Weights are not touched.
+    (``add_top_outputs``), fused target graphs rows that take one path at any pass size (``make_row_invariant``).
+    Weights are not touched.
     Returns what was upgraded ("target", "draft"); nothing when the bundle is current.
 
     Every step leaves a bundle that loads: the new graph is written beside the old one and the manifest is
@@ -124,13 +127,22 @@ def upgrade_bundle(out: str | os.PathLike, progress: Progress | None = print) ->
             done.append(role)
             continue
         norm = role == "target"
-        if spec.top_logits and (spec.logits_norm or not norm):
+        rows = norm and spec.rows is None and spec.kv_cache == "static"
+        if spec.top_logits and (spec.logits_norm or not norm) and not rows:
             continue
         beside = path.with_name(path.name + UPGRADED)
         what = [w for w, missing in (("the TopK of each row's logits", not spec.top_logits),
-                                      ("each row's normalizer", norm and not spec.logits_norm)) if missing]
+                                      ("each row's normalizer", norm and not spec.logits_norm),
+                                      ("rows that take one path at any pass size", rows)) if missing]
         say(f"{role}: adding {' and '.join(what)} to {spec.path}")
-        if not add_top_outputs(path, beside, norm=norm):
+        wrote = add_top_outputs(path, beside, norm=norm)
+        if rows:
+            wrote = make_row_invariant(beside if wrote else path, beside) or wrote
+            stale = root / PROFILE_FILE  # its pass costs were timed on the old graph: timed again on first use
+            if stale.is_file():
+                stale.unlink()
+                say("the stored pass costs were timed on the old graph: they are measured again on first use")
+        if not wrote:
             _switch_manifest(root, role, path)  # the graph has them already; the manifest now says so
         else:
             _switch_manifest(root, role, beside)  # the bundle now runs the new graph under the other name
@@ -166,6 +178,7 @@ def _switch_manifest(root: Path, role: str, graph: Path) -> None:
     entry["size_bytes"][graph.name] = graph.stat().st_size
     entry["top_logits"] = facts["top_logits"]
     entry["logits_norm"] = facts["logits_norm"]
+    entry["rows"] = facts["rows"]
     entry["io"] = {"inputs": facts["inputs"], "outputs": facts["outputs"]}
     manifest.update(format_version=FORMAT_VERSION, ortspec_version=__version__)  # (this release's format now)
     tmp = root / (MANIFEST + ".tmp")
@@ -371,7 +384,11 @@ def _restrict_draft(tmp: Path, graph: Path, first: int, draft_info: dict, target
 
 def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: str | None,
           subset: dict | None = None, norm: bool = False) -> dict:
+    """The manifest entry of one exported graph; a target's (``norm``) graph gets each row's normalizer and is
+    made row-invariant first (export.rows: bitwise passes of any size)."""
     add_top_outputs(graph, norm=norm)
+    if norm:
+        make_row_invariant(graph)
     facts = graph_facts(graph)
     files = [graph, graph.with_name(graph.name + DATA_SUFFIX)]
     files = [f for f in files if f.is_file()]
@@ -387,7 +404,8 @@ def _spec(root: Path, graph: Path, info: dict, quant: dict | None, tokenizer: st
         sha256={f.name: sha256_file(f) for f in files}, size_bytes={f.name: f.stat().st_size for f in files},
         special_ids=info["special_ids"], tokenizer=tokenizer, kv_cache=facts["kv_cache"],
         seqlens_k=facts["seqlens_k"], total_sequence_length=facts["total_sequence_length"], vocab_subset=subset,
-        logits_to_keep=facts["logits_to_keep"], top_logits=facts["top_logits"], logits_norm=facts["logits_norm"])
+        logits_to_keep=facts["logits_to_keep"], top_logits=facts["top_logits"], logits_norm=facts["logits_norm"],
+        rows=facts["rows"])
     return dict(spec.to_dict(), io={"inputs": facts["inputs"], "outputs": facts["outputs"]})
 
 

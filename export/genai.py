@@ -6,7 +6,9 @@ graphs take more: ``logits_to_keep`` (how many positions get logits), and fused
 graphs the valid length as ``seqlens_k`` / ``total_sequence_length`` instead of
 a mask. So a small second graph file ``model.genai.onnx`` is written beside
 ``model.onnx``: the same nodes and the same external weight file (nothing is
-copied), with a few nodes in front that derive those inputs from genai's::
+copied; a row-invariant target's rewrite undone, ``rows.undo_rows``: genai sizes
+the KV cache to the fed positions), with a few nodes in front that derive
+those inputs from genai's::
 
     seqlens_k             = int32(ReduceSum(attention_mask, axis 1) - 1)
     total_sequence_length = int32(Shape(attention_mask)[1])
@@ -83,7 +85,9 @@ def _write_variant(src: Path, dst: Path, spec: ModelSpec) -> None:
     import onnx
     from onnx import TensorProto, helper
 
+    from .rows import undo_rows
     model = onnx.load(str(src), load_external_data=False)  # weights stay in the shared data file
+    undo_rows(model)  # (genai sizes the KV cache to the fed positions: no room for the extra attention row)
     graph = model.graph
     wanted = {spec.seqlens_k, spec.total_sequence_length, spec.logits_to_keep} - {None}
     kept = [i for i in graph.input if i.name not in wanted]

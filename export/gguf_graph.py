@@ -88,6 +88,7 @@ def fidelity_to_source(reference: tuple, root: Path, entry: dict) -> dict:
     ids, base = reference
     spec = ModelSpec.from_dict(entry, "target")
     lm = CausalLM(spec, str(root / spec.path))
+    ids, base = ids[:lm.capacity], base[:lm.capacity]  # (a model of few positions: as many as it takes)
     cand = log_softmax(lm.forward(ids))
     del lm
     base = base.astype(np.float64)

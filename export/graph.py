@@ -268,6 +268,7 @@ def graph_facts(path: Path) -> dict:
     """Input/output names and static sizes of an exported graph, for the manifest."""
     import onnx
 
+    from .rows import is_row_invariant
     model = onnx.load(str(path), load_external_data=False)
     ins = {i.name: i for i in model.graph.input}
     outs = {o.name: o for o in model.graph.output}
@@ -296,6 +297,7 @@ def graph_facts(path: Path) -> dict:
         "logits_norm": dict(LOGITS_NORM, block=NORM_BLOCK if any(n.name == "norm/blocks" for n in model.graph.node)
                             else 1) if LOGITS_NORM["scale"] in ins and LOGITS_NORM["norm"] in outs else None,
         "logits": "logits", "kv_inputs": kv_in, "kv_outputs": kv_out,
+        "rows": "invariant" if is_row_invariant(model) else None,
         "num_layers": len(kv_in), "num_kv_heads": int(shape[1]), "head_dim": int(shape[3]),
         "vocab_size": int(dims(outs["logits"])[-1]),
         "dtype": {1: "float32", 10: "float16"}.get(elem, str(elem)),

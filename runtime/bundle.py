@@ -65,15 +65,30 @@ class ModelSpec:
     # [1, rows] output, sum_i exp((logit_i - max) * scale), "block": entries summed first (then over the blocks)};
     # None in graphs without it
     logits_norm: dict | None = None
+    # "invariant": a target graph rewritten so that every row takes one path whatever the pass size (export.rows:
+    # the attention always sees a row more, row-pairing matrices an even count); its KV buffers then need
+    # ``kv_headroom`` slots past the valid length. None: an ordinary graph
+    rows: str | None = None
+
+    @property
+    def kernel_tile(self) -> int:
+        """Rows onnxruntime's CPU kernels compute together in an ordinary graph's passes: 2 where its weights are
+        in 4- or 8-bit blocks of 64 or more (MatMulNBits then takes rows in pairs, and a row left alone goes
+        another way), else 32 (a lone row, and with head size 16 the last of 32k + 1, goes another way)."""
+        q = self.quantization or {}
+        return 2 if q.get("op") == "MatMulNBits" and int(q.get("block_size", 32)) >= 64 else 32
 
     @property
     def row_tile(self) -> int:
-        """Rows onnxruntime's CPU kernels compute together in this graph's passes: 2 where its weights are in
-        4- or 8-bit blocks of 64 or more (MatMulNBits then takes rows in pairs, and a row left alone goes another
-        way), else 32 (a lone row, and with head size 16 the last of 32k + 1, goes another way). Bitwise passes
-        never have ``row_tile * k + 1`` positions (``CausalLM.forward``)."""
-        q = self.quantization or {}
-        return 2 if q.get("op") == "MatMulNBits" and int(q.get("block_size", 32)) >= 64 else 32
+        """The tile bitwise passes avoid: they never have ``row_tile * k + 1`` positions (``CausalLM.forward``).
+        1 (no pass size avoided) for a row-invariant graph, else ``kernel_tile``. (A row-invariant graph runs at
+        1 only once a probe on the machine at hand agrees: ``CausalLM.row_tile``.)"""
+        return 1 if self.rows == "invariant" else self.kernel_tile
+
+    @property
+    def kv_headroom(self) -> int:
+        """KV slots a pass writes past the positions it feeds (a row-invariant graph's attention row)."""
+        return 1 if self.rows == "invariant" else 0
 
     @classmethod
     def from_dict(cls, d: dict, role: str) -> "ModelSpec":
@@ -97,6 +112,7 @@ class ModelSpec:
                 vocab_subset=_vocab_subset(d.get("vocab_subset"), int(d["vocab_size"]), role),
                 logits_to_keep=d.get("logits_to_keep"), top_logits=_top_logits(d.get("top_logits"), role),
                 logits_norm=_logits_norm(d.get("logits_norm"), d.get("top_logits"), role),
+                rows=d.get("rows"),
             )
         except BundleError:
             raise
@@ -124,6 +140,9 @@ class ModelSpec:
             raise BundleError(f"models.{role}: the {spec.kv_cache} cache needs its length inputs named; re-export")
         if spec.dtype not in ("float32", "float16"):
             raise BundleError(f"models.{role}: unsupported dtype {spec.dtype!r} (float32 or float16)")
+        if spec.rows not in (None, "invariant") or (spec.rows and spec.kv_cache != "static"):
+            raise BundleError(f"models.{role}: rows must be \"invariant\" (a fused graph's) or absent, got "
+                              f"{spec.rows!r}; upgrade ortspec or re-export")
         return spec
 
     def to_dict(self) -> dict:

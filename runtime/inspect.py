@@ -38,7 +38,7 @@ def inspect_bundle(path: str, checksums: bool = True) -> dict:
             "dtype": spec.dtype, "quantization": spec.quantization, "source": spec.source,
             "size_bytes": sum(f["size_bytes"] for f in files.values()), "files": files,
             "io": raw[role].get("io", {}), "vocab_subset": spec.vocab_subset, "top_logits": spec.top_logits,
-            "logits_norm": spec.logits_norm,
+            "logits_norm": spec.logits_norm, "rows": spec.rows,
         }
     compat = "no draft (target only)"
     if bundle.draft is not None:
@@ -74,6 +74,8 @@ def format_report(r: dict) -> str:
                 f"compact layout ({q.get('layout_detail', '')})" if q.get("layout") == "compact" else "as it has them"))
         elif q and m["source"].get("kind") == "gguf":
             lines.append(f"    weights: re-quantized from the GGUF file ({q.get('method')}): a smaller, different model")
+        if m.get("rows") == "invariant":
+            lines.append("    passes: rows take one path at any pass size (bitwise passes of any size, one included)")
         fid = (q or {}).get("fidelity")
         if fid:
             lines.append(f"    fidelity to the source's float model: top-1 {fid['top1'] * 100:.1f}%, KL "

@@ -144,8 +144,10 @@ class DecodeLoop:
 
     # 2. propose ---------------------------------------------------------------
     def propose(self, r: Round) -> None:
-        """The round's drafts with the q each was drawn from; with none and a bitwise pass (two positions anyway),
-        a free one-token n-gram guess that stays out of the drafter's statistics."""
+        """The round's drafts with the q each was drawn from; with none and a bitwise pass, a one-token n-gram guess
+        where the text so far has one, which stays out of the drafter's statistics (free where a lone row would
+        be padded anyway, ``row_tile`` > 1; on a row-invariant target, a pass of two costs a little more than
+        one and the guess often holds)."""
         ctx, controller = self.ctx, self.controller
         if self.req.constraint is not None and ctx.forced_drafts and r.remaining > 1 and r.limit > 0:
             forced = self.req.constraint.forced(self.committed)[:r.limit]

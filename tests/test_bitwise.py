@@ -1,7 +1,9 @@
 """Bitwise exactness: a position's logits do not depend on how the runtime passes it to the target.
 
 Checked bit for bit (np.array_equal, never a tolerance) for every target kind the exporter makes, on tiny
-random models of two families; each check has a negative control showing it detects one-position passes.
+random models of two families. Fused targets are exported row-invariant (export.rows): every pass size, one
+position included, gives the same bits. Each check has a negative control: the same target exported without
+that rewrite (``tiny.kernel_copy``), whose one-position passes take other kernels, is caught.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def target_lm(bundle_dir, role="target"):
     return CausalLM(spec, str(b.file(spec.path)))
 
 
+
+
 @pytest.fixture(scope="module")
 def kinds(workdir, hf_models):
     """Targets of every kind: fp32 (fused, optimum), fp16 fused, INT4 and 8-bit-weight, for llama and qwen2."""
@@ -44,7 +48,9 @@ def kinds(workdir, hf_models):
                                               graph="optimum", progress=None)
     out["qwen2-int4a-h8"] = export_bundle(target=str(hf_models["qwen2"]), out=workdir / "bw_qwen2_int4a_h8",
                                           target_quant="int4a-h8", progress=None)
-    from tiny import make_model
+    from tiny import kernel_copy, make_model
+    for name in ("llama-fp32", "llama-int4", "qwen2-int8w"):  # the negative controls: the builder's own graphs
+        out[name + "-kernel"] = kernel_copy(out[name], workdir / f"bw_{name}_kernel")
     for fam in ("qwen3", "phi3", "gemma2", "gemma3"):  # windows, soft caps, q/k norms: fused graphs too
         src = make_model(fam, workdir / f"bw_src_{fam}", vocab=128, seed=0)
         out[f"{fam}-fp32"] = export_bundle(target=str(src), out=workdir / f"bw_{fam}_fp32", progress=None)
@@ -56,11 +62,13 @@ KINDS = ["llama-fp32", "llama-fp16", "llama-int4", "llama-int8w", "qwen2-fp32", 
          "gemma3-fp32"]
 
 
-def test_a_block_size_is_recorded_and_a_long_block_target_runs_even_passes(workdir, hf_models):
-    """int4a:128 gives the draft's 4-bit matrices blocks of 128 weights (recorded in the manifest). A target in
-    blocks of 64 gets a row tile of 2: onnxruntime computes rows of such matrices in pairs, so the last row of
-    an odd pass takes another path (the negative control, with the tile of 32 that blocks of 32 have, sees
-    it), and bitwise passes of an even size give every position the same bits."""
+def test_a_block_size_is_recorded_and_a_long_block_target_runs_passes_of_any_size(workdir, hf_models):
+    """int4a:128 gives the draft's 4-bit matrices blocks of 128 weights (recorded in the manifest). onnxruntime
+    computes rows of such matrices in pairs, so the last row of an odd pass takes another path: an ordinary graph
+    in such blocks has a kernel tile of 2 (the negative control, with the tile of 32 that blocks of 32 have,
+    sees it; bitwise passes of an even size give every position the same bits). A target in blocks of 64 is
+    made row-invariant: those matrices always see an even count, and every pass size, odd or one, gives the
+    same bits with no pass padded (row tile 1)."""
     import onnx
     from ortspec.export import export_bundle
     src = str(hf_models["llama"])
@@ -70,23 +78,27 @@ def test_a_block_size_is_recorded_and_a_long_block_target_runs_even_passes(workd
     blocks = {a.i for n in graph.node if n.op_type in ("MatMulNBits", "GatherBlockQuantized")
               for a in n.attribute if a.name == "block_size"}
     assert blocks == {128} and b.draft.quantization["block_size"] == 128
-    assert b.draft.row_tile == 2 and b.target.row_tile == 32
+    assert b.draft.row_tile == 2 and b.draft.rows is None and b.target.row_tile == 1 and b.target.rows == "invariant"
 
-    t64 = load_bundle(export_bundle(target=src, target_quant="int4:64", out=workdir / "bw_t64", progress=None))
-    assert t64.target.quantization["block_size"] == 64 and t64.target.row_tile == 2
-    lm = target_lm(t64.root)
-    report = invariance_check(lm, CONTEXT, positions=20, sizes=SIZES)
-    assert report["invariant"], report
+    lm = target_lm(b.root, "draft")  # (an ordinary graph: drafts need not be bitwise)
     lm.row_tile = 32  # the rule of blocks of 32: odd passes of 3 or more keep their lone last row
     report = invariance_check(lm, CONTEXT, positions=20, sizes=[2, 3, 4, 5])
     assert not report["invariant"]
     assert report["sizes"][3]["equal_rows"] < 20 and report["sizes"][2]["equal_rows"] == 20
     lm.row_tile, lm.CHUNK = 2, 32
+    assert invariance_check(lm, CONTEXT, positions=20, sizes=[2, 3, 4, 5])["invariant"]
     ids = [int(t) for t in np.random.default_rng(5).integers(3, 120, 151)]
     whole = lm.prefill(ids, options=BITWISE)  # an odd feed longer than a pass: one throwaway position makes
     lm.CHUNK = 128                            # every pass even
     assert np.array_equal(lm.prefill(ids, options=BITWISE), whole) and lm.length == 151
     assert np.array_equal(lm.prefill(ids[:77], keep=3, options=BITWISE), whole[74:77])
+
+    t64 = load_bundle(export_bundle(target=src, target_quant="int4:64", out=workdir / "bw_t64", progress=None))
+    assert t64.target.quantization["block_size"] == 64 and t64.target.kernel_tile == 2
+    lm = target_lm(t64.root)
+    assert lm.row_tile == 1  # (the probe at load agreed)
+    report = invariance_check(lm, CONTEXT, positions=20, sizes=SIZES, bitwise=False)
+    assert report["invariant"], report
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -96,12 +108,40 @@ def test_every_pass_size_gives_the_same_bits(kinds, kind):
     assert all(v["equal_rows"] == 20 and v["max_abs_diff"] == 0.0 for v in report["sizes"].values())
 
 
-@pytest.mark.parametrize("kind", ["llama-fp32", "llama-int4", "qwen2-int8w", "llama-fp32-optimum"])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k != "llama-fp32-optimum"])
+def test_a_row_invariant_target_needs_no_padded_pass(kinds, kind):
+    """A fused target is exported row-invariant: one-position passes, run as they are (not bitwise: nothing
+    padded), give the bits of a pass of many, and the tile is 1, so bitwise decoding pads nothing either."""
+    lm = target_lm(kinds[kind])
+    assert lm.spec.rows == "invariant" and lm.row_tile == 1
+    report = invariance_check(lm, CONTEXT, positions=20, sizes=[1, 2, 3, 5], bitwise=False)
+    assert report["invariant"], report
+
+
+@pytest.mark.parametrize("kind", ["llama-fp32-kernel", "llama-int4-kernel", "qwen2-int8w-kernel",
+                                  "llama-fp32-optimum"])
 def test_negative_control_one_position_passes_are_caught(kinds, kind):
-    """Without bitwise passes a one-position pass takes other kernels: the same check must see it."""
-    report = invariance_check(target_lm(kinds[kind]), CONTEXT, positions=20, sizes=[1, 2, 4], bitwise=False)
+    """Left as its builder wrote it (or an optimum graph, never rewritten), a target's one-position pass takes
+    other kernels: the same check must see it, and bitwise passes (a lone row run with the token before it)
+    avoid it."""
+    lm = target_lm(kinds[kind])
+    assert lm.spec.rows is None and lm.row_tile > 1
+    report = invariance_check(lm, CONTEXT, positions=20, sizes=[1, 2, 4], bitwise=False)
     assert not report["invariant"]
     assert report["sizes"][1]["equal_rows"] < 20 and report["sizes"][2]["equal_rows"] == 20
+    assert invariance_check(lm, CONTEXT, positions=20, sizes=[1, 2, 4])["invariant"]
+
+
+def test_the_probe_at_load_falls_back_where_rows_disagree(kinds):
+    """A graph said to be row-invariant whose kernels still give a lone row other bits (here: an ordinary graph
+    whose manifest says "invariant"): the probe at load sees it and bitwise passes avoid lone rows again."""
+    b = load_bundle(kinds["llama-int4-kernel"])
+    spec = dataclasses.replace(b.target, rows="invariant")
+    lm = CausalLM(spec, str(b.file(spec.path)))
+    assert not lm.rows_agree() and lm.row_tile == spec.kernel_tile == 32 and lm.length == 0
+    assert invariance_check(lm, CONTEXT, positions=20, sizes=[1, 2, 3])["invariant"]
+    good = target_lm(kinds["llama-int4"])
+    assert good.rows_agree() and good.row_tile == 1
 
 
 def test_long_feeds_in_chunks_give_the_same_bits(kinds):
@@ -203,9 +243,12 @@ def test_the_same_call_twice_gives_the_same_tokens(kinds, drafter):
 
 
 def test_strict_is_bitwise(kinds):
-    """strict=True compares each committed row with a fresh prefill bit for bit, and catches one-position passes."""
+    """strict=True compares each committed row with a fresh prefill bit for bit, and catches one-position passes
+    (on a target not made row-invariant, where they take other kernels)."""
     from ortspec.generator import InvariantError
-    gen = SpeculativeGenerator.load(kinds["llama-int4"], drafter="none")
+    SpeculativeGenerator.load(kinds["llama-int4"], drafter="none").generate(input_ids=CONTEXT, max_new_tokens=30,
+                                                                             strict=True)
+    gen = SpeculativeGenerator.load(kinds["llama-int4-kernel"], drafter="none")
     gen.generate(input_ids=CONTEXT, max_new_tokens=30, strict=True)
     lm, real = gen.target, gen.target.forward_rows
 
@@ -221,3 +264,43 @@ def test_int8_dynamic_targets_are_refused(workdir, hf_models):
     with pytest.raises(ValueError, match="int8w"):
         export_bundle(target=str(hf_models["llama"]), out=workdir / "bw_int8", target_quant="int8", progress=None)
     assert not (workdir / "bw_int8").exists()
+
+
+def test_upgrade_makes_an_older_target_row_invariant(kinds, tmp_path):
+    """`ortspec export --upgrade`: a target exported before the rewrite gets it (weights untouched, its stored
+    pass costs dropped: timed on the old graph), then passes of every size give the same bits, and greedy
+    decoding gives the tokens it gave before."""
+    import shutil
+    from ortspec.export import api
+    old = tmp_path / "old"
+    shutil.copytree(kinds["llama-int4-kernel"], old)
+    (old / "ortspec-profile.json").write_text("{}")
+    prompts = [CONTEXT, [1, 8, 8, 8, 8, 8, 9, 8, 8]]
+    before = [SpeculativeGenerator.load(old, drafter="prompt_lookup").generate(input_ids=p, max_new_tokens=30)
+              .token_ids for p in prompts]
+    weights = (old / "target" / "model.onnx.data").stat().st_mtime_ns
+    assert api.upgrade_bundle(old, progress=None) == ["target"]
+    b = load_bundle(old)
+    assert b.target.rows == "invariant" and (old / "target" / "model.onnx.data").stat().st_mtime_ns == weights
+    assert not (old / "ortspec-profile.json").exists() and api.upgrade_bundle(old, progress=None) == []
+    lm = target_lm(old)
+    assert lm.row_tile == 1
+    assert invariance_check(lm, CONTEXT, positions=20, sizes=[1, 2, 3, 7], bitwise=False)["invariant"]
+    gen = SpeculativeGenerator.load(old, drafter="prompt_lookup")
+    assert [gen.generate(input_ids=p, max_new_tokens=30).token_ids for p in prompts] == before
+
+
+def test_a_row_invariant_target_fills_its_context_to_the_last_position(workdir, hf_models):
+    """The attention's extra row writes one slot past a pass: the KV buffers keep that slot, and the model one
+    position fewer (its rotary tables end at its last). A prompt up to that capacity decodes to the end, bit for
+    bit as a fresh prefill, and one position more is refused clearly."""
+    from ortspec.errors import CacheOverflowError
+    lm = target_lm(workdir / "bw_llama_int4")
+    assert lm.capacity == lm.spec.max_positions - 1
+    ids = [int(t) for t in np.random.default_rng(9).integers(3, 120, lm.capacity)]
+    whole = lm.prefill(ids)
+    lm.rollback(lm.capacity - 5)
+    for at in range(lm.capacity - 5, lm.capacity):
+        assert np.array_equal(lm.forward(ids[at:at + 1])[0], whole[at])
+    with pytest.raises(CacheOverflowError, match="exceed"):
+        lm.forward([5])

@@ -487,6 +487,6 @@ def test_a_layout_with_long_blocks_declares_them_so_passes_are_tiled_in_pairs(mo
     tiles = {}
     for layout in ("compact", "exact"):
         entry = gguf_graph.gguf_graph(src, tmp_path, lambda m: None, "int8", layout)
-        tiles[layout] = ModelSpec.row_tile.fget(SimpleNamespace(quantization=entry))
+        tiles[layout] = ModelSpec.kernel_tile.fget(SimpleNamespace(quantization=entry))
         assert entry["block_size"] == max(w.block for w in seen.values())
     assert seen["v"].block == 16 and tiles == {"compact": 2, "exact": 32}

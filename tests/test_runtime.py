@@ -44,12 +44,13 @@ def test_static_cache_rollback_is_only_a_length(pair_bundle):
     lm.cache.RESERVE_STEP = 16
     lm.prefill(list(range(1, 40)))
     buffers = [id(v) for v in lm.cache.past]
-    assert lm.cache.stored == 48
+    room = lm.spec.kv_headroom  # (a row-invariant target's extra attention row: one slot past every pass)
+    assert lm.cache.stored == 48 + room
     lm.rollback(10)
     lm.forward([5, 6])
     assert [id(v) for v in lm.cache.past] == buffers  # same device buffers, written in place
     lm.forward([(k % 120) + 3 for k in range(60)])  # past the reservation: grows once, keeps the prefix
-    assert lm.cache.stored == 80 and [id(v) for v in lm.cache.past] != buffers
+    assert lm.cache.stored == 80 + room and [id(v) for v in lm.cache.past] != buffers
     ref = lm.reference_logits(lm.tokens + [7, 8, 9])[-3:]
     np.testing.assert_allclose(lm.forward([7, 8, 9]), ref, atol=1e-5)
 
@@ -79,8 +80,9 @@ def test_kv_trim_graph_matches_slicing(pair_bundle):
 
 def test_overflow_is_refused_before_running(pair_bundle):
     lm = lm_of(pair_bundle)
-    with pytest.raises(CacheOverflowError, match="maximum of 256"):
-        lm.forward([1] * 257)
+    most = 256 - lm.spec.kv_headroom  # (a row-invariant target keeps one position for its attention row)
+    with pytest.raises(CacheOverflowError, match=f"maximum of {most}"):
+        lm.forward([1] * (most + 1))
     assert lm.length == 0
 
 

@@ -93,3 +93,39 @@ def make_model(family: str, out: Path, vocab: int = 128, seed: int = 0, layers: 
     if tokenizer:
         save_tokenizer(vocab, out, tokenizer_shift)
     return out
+
+
+def kernel_copy(bundle: Path, out: Path) -> Path:
+    """A copy of ``bundle`` (weights hard-linked, or copied across file systems) whose target graph is the one
+    its builder wrote, before the row-invariant rewrite (export.rows.undo_rows): the kernels' own behaviour,
+    for negative controls. The manifest's checksums follow the new graph."""
+    import json
+    import os
+    import shutil
+
+    import onnx
+
+    from ortspec.bundle import MANIFEST, sha256_file
+    from ortspec.export.rows import undo_rows
+
+    def place(src: str, dst: str) -> None:
+        if not src.endswith(".data"):  # (the manifest and graphs are written: copies of their own)
+            shutil.copy2(src, dst)
+            return
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(bundle, out, copy_function=place)
+    manifest = json.loads((out / MANIFEST).read_text())
+    entry = manifest["models"]["target"]
+    graph = out / entry["path"]
+    model = onnx.load(str(graph), load_external_data=False)
+    if not undo_rows(model):
+        raise ValueError(f"{bundle}'s target is not row-invariant")
+    onnx.save(model, str(graph))
+    entry["sha256"][graph.name] = sha256_file(graph)
+    entry["size_bytes"][graph.name] = graph.stat().st_size
+    entry["rows"] = None
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return out

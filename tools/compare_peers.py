@@ -21,7 +21,13 @@ temperature 0.7, top-p 0.8, top-k 20, repetition penalty 1.05):
   ortspec): target-only (`llama-cli`) and speculative with the draft GGUF (`llama-speculative-simple
   --spec-type draft-simple --spec-draft-n-max N`), each timed by llama.cpp's own decode counters (its
   prompt processing left out). With --llama-cpp, every ortspec row is timed the same way: from its first token
-  to its last (decode-only; the prefill and the first token, and any first-request calibration, left out).
+  to its last (decode-only; the prefill and the first token, and any first-request calibration, left out);
+* ik_llama.cpp (--ik-llama-cpp: its binaries, from ../shared/tools/build-ik-llama-cpp.sh) on the same file,
+  target-only with and without run-time repacking (`-rtr`), timed by its own eval counters; its llama-cli is
+  the old "main", so it gets the prompt rendered by the chat template;
+* OpenVINO GenAI (--openvino-python: an interpreter with openvino-genai, running tools/openvino_peer.py) on
+  the same file: target-only, prompt lookup and, given --openvino-draft (an OpenVINO IR directory), draft-model
+  speculation, decode-only by its own metrics; greedy, whether its text is ortspec target-only's.
 
 Prints tokens/s per runtime, the median per-prompt ratio against ortspec
 target-only, and (greedy) how many runs produced tokens different from ortspec
@@ -117,6 +123,47 @@ def llama_cpp_run(bin_dir, target, draft, prompt, max_new, threads, gamma, sampl
     return parse_llama_cpp(proc.stderr + proc.stdout, max_new)
 
 
+def ik_llama_cpp_run(bin_dir, target, rendered, max_new, threads, sampling=None, rtr=False) -> tuple[int, float] | None:
+    """(tokens decoded, seconds) of one ik_llama.cpp run, from its "eval time" counter. Its llama-cli is the old
+    "main": the prompt goes as the chat template renders it (special tokens read as such)."""
+    opts = ["-m", target, "-p", rendered, "-n", str(max_new), "-t", str(threads), "--seed", "0",
+            "--no-display-prompt", *(["-rtr"] if rtr else [])]
+    if sampling:
+        opts += ["--temp", str(sampling["temperature"]), "--top-p", str(sampling["top_p"]),
+                 "--top-k", str(sampling["top_k"]), "--repeat-penalty", str(sampling["repetition_penalty"])]
+    else:
+        opts += ["--temp", "0"]
+    proc = subprocess.run([str(Path(bin_dir) / "llama-cli"), *opts], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    m = re.search(r"\beval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s*(?:runs|tokens)", proc.stderr + proc.stdout)
+    return (int(m.group(2)), float(m.group(1)) / 1e3) if m and int(m.group(2)) else None
+
+
+class OpenVinoPeer:
+    """tools/openvino_peer.py running under another interpreter: one request a line, one answer a line."""
+
+    def __init__(self, python: str, target: str, draft: str | None, threads: int):
+        cmd = [python, str(Path(__file__).with_name("openvino_peer.py")), target, "--threads", str(threads)]
+        if draft:
+            cmd += ["--draft", draft]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = json.loads(self.proc.stdout.readline() or "{}")
+        if "ready" not in ready:
+            raise RuntimeError(f"openvino_peer.py did not start ({' '.join(cmd)})")
+        self.modes = ready["ready"]
+
+    def run(self, mode, prompt, max_new, gamma, sampling=None) -> tuple[int, float, str]:
+        self.proc.stdin.write(json.dumps({"mode": mode, "prompt": prompt, "max_new_tokens": max_new,
+                                          "gamma": gamma, "sampling": sampling}) + "\n")
+        self.proc.stdin.flush()
+        out = json.loads(self.proc.stdout.readline())
+        return out["tokens"] - 1, out["decode_s"], out["text"]  # (decode-only: the tokens after the first)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
 def parse_llama_cpp(log: str, nominal: int) -> tuple[int, float] | None:
     """Decode tokens and seconds from llama.cpp's log: the speculative tool's "decoded N tokens in S seconds", or
     llama-cli's "[ Prompt: P t/s | Generation: G t/s ]" (``nominal`` tokens at rate G)."""
@@ -147,6 +194,11 @@ def main() -> int:
     ap.add_argument("--llama-cpp-also", action="append", default=[], metavar="GGUF",
                     help="another GGUF file llama.cpp runs target-only beside --llama-cpp-target (repeatable): a "
                          "re-quantization of the file, to place a peer of a re-quantized bundle's class")
+    ap.add_argument("--ik-llama-cpp", metavar="BIN_DIR",
+                    help="ik_llama.cpp's binaries: its target-only rows, with and without -rtr, on --llama-cpp-target")
+    ap.add_argument("--openvino-python", metavar="PYTHON",
+                    help="an interpreter with openvino-genai: OpenVINO GenAI's rows on --llama-cpp-target")
+    ap.add_argument("--openvino-draft", metavar="IR_DIR", help="the draft for OpenVINO GenAI (an OpenVINO IR dir)")
     ap.add_argument("--only", metavar="WORDS",
                     help="comma-separated: run only the rows whose name contains one of these words (e.g. "
                          "'target-only' for a speed/fidelity frontier); llama.cpp target-only always runs")
@@ -154,8 +206,9 @@ def main() -> int:
                     help="tools/fidelity.py's report: each ortspec row is shown with its target's top-1 agreement "
                          "and mean KL against the file's float model, each llama.cpp row with its file's")
     args = ap.parse_args()
-    if args.llama_cpp and not args.llama_cpp_target:
-        ap.error("--llama-cpp needs --llama-cpp-target (and --llama-cpp-draft for its speculative run)")
+    if (args.llama_cpp or args.ik_llama_cpp or args.openvino_python) and not args.llama_cpp_target:
+        ap.error("--llama-cpp, --ik-llama-cpp and --openvino-python need --llama-cpp-target (the GGUF file; "
+                 "--llama-cpp-draft for llama.cpp's speculative run)")
     sampling = SAMPLED if args.sample else None
     peers = {p.strip() for p in args.peers.split(",") if p.strip()}
     unknown = peers - {"transformers", "genai"}
@@ -192,6 +245,10 @@ def main() -> int:
     decode_only = bool(args.llama_cpp)
     ref_name, llama_alone = "ortspec target-only", "llama.cpp target-only (decode)"
     runners = {ref_name: ours(base)}
+    default_drafter = b.default_drafter or drafter
+    if default_drafter != "none":  # the bundle's own decoding: what a call that does not say gets
+        default = spec.sibling(default_drafter)
+        runners[f"ortspec default ({default_drafter}, {b.default_num_draft_tokens or 4})"] = ours(default)
     if b.draft is not None:
         runners[f"ortspec draft model g={g}"] = ours(spec, num_draft_tokens=g)
         runners["ortspec draft model auto"] = ours(spec, num_draft_tokens="auto")
@@ -230,6 +287,19 @@ def main() -> int:
         for other in args.llama_cpp_also:
             runners[f"llama.cpp target-only {Path(other).stem} (decode)"] = lambda ids, p, raw, f=other: \
                 llama_cpp_run(args.llama_cpp, f, None, raw, new, args.threads, g, sampling)
+    if args.ik_llama_cpp:
+        for rtr in (False, True):
+            runners[f"ik_llama.cpp {'-rtr ' if rtr else ''}target-only (decode)"] = \
+                lambda ids, p, raw, rtr=rtr: ik_llama_cpp_run(args.ik_llama_cpp, args.llama_cpp_target, p, new,
+                                                              args.threads, sampling, rtr)
+    openvino = None
+    if args.openvino_python:
+        openvino = OpenVinoPeer(args.openvino_python, args.llama_cpp_target, args.openvino_draft, args.threads)
+        for mode, name in (("target", "target-only"), ("lookup", f"prompt-lookup g={g}"),
+                           ("draft", f"draft model g={g}")):
+            if mode in openvino.modes:
+                runners[f"openvino {name} (decode)"] = lambda ids, p, raw, mode=mode: openvino.run(
+                    mode, raw, new, g, sampling)
     if args.only:
         words = [w.strip() for w in args.only.split(",") if w.strip()]
         runners = {n: r for n, r in runners.items() if n in (ref_name, llama_alone) or any(w in n for w in words)}
@@ -242,17 +312,22 @@ def main() -> int:
             got = runners[n](ids, text, item["prompt"])
             if got:
                 tokens = got[0] if isinstance(got[0], list) else None
-                count = got[2] if len(got) > 2 else len(tokens) if tokens is not None else got[0]
+                said = got[2] if len(got) > 2 and isinstance(got[2], str) else None  # (OpenVINO: its text)
+                count = got[2] if len(got) > 2 and said is None else len(tokens) if tokens is not None else got[0]
                 rows[n].append({"prompt": item["id"], "tokens": count, "seconds": got[1],
-                                "tokens_per_s": count / got[1], "ids": tokens})
+                                "tokens_per_s": count / got[1], "ids": tokens, "text": said})
         print(f"prompt {k + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    if openvino is not None:
+        openvino.close()
     ref = ref_name
     fidelity = {}
     if args.fidelity:  # the same measure for both sides: tools/fidelity.py, keyed by resolved path
         fidelity = {r["path"]: r for r in json.loads(Path(args.fidelity).read_text())["rows"]}
     sides = {"ortspec": fidelity.get(str(Path(args.bundle).resolve()))}
-    if args.llama_cpp:
-        sides["llama.cpp"] = fidelity.get(str(Path(args.llama_cpp_target).resolve()))
+    if args.llama_cpp_target:
+        file = str(Path(args.llama_cpp_target).resolve())
+        sides.update({"llama.cpp": fidelity.get(file), "ik_llama.cpp": fidelity.get(file + "#ik"),
+                      "ik_llama.cpp -rtr": fidelity.get(file + "#ik-rtr")})
     summary = []
     for n in names:
         if not rows[n]:
@@ -261,22 +336,26 @@ def main() -> int:
         ratios = [r["tokens_per_s"] / h["tokens_per_s"] for r, h in zip(rows[n], rows[ref])]
         compared = [(r, h) for r, h in zip(rows[n], rows[ref]) if r["ids"] is not None]  # llama.cpp: no ids
         differ = None if sampling or not compared else sum(r["ids"] != h["ids"][:len(r["ids"])] for r, h in compared)
+        said = [(r, h) for r, h in zip(rows[n], rows[ref]) if r.get("text") is not None]  # OpenVINO: its text
+        if said and not sampling:
+            differ = sum(r["text"].strip() != spec.codec.decode(h["ids"]).strip() for r, h in said)
         summary.append({"runtime": n, "tokens_per_s": tps, "ratio_vs_ortspec_target_only": statistics.median(ratios),
                         "min_ratio": min(ratios), "max_ratio": max(ratios), "runs_with_other_tokens": differ})
         also = next((f for f in args.llama_cpp_also if f" {Path(f).stem} " in n), None)
-        fid = fidelity.get(str(Path(also).resolve())) if also else sides.get(n.split(" ")[0])
+        side = "ik_llama.cpp -rtr" if n.startswith("ik_llama.cpp -rtr") else n.split(" ")[0]
+        fid = fidelity.get(str(Path(also).resolve())) if also else sides.get(side)
         if fid:
             summary[-1]["fidelity"] = {"top1": fid["top1"], "mean_kl": fid["mean_kl"]}
     if rows.get(llama_alone):  # tokens over seconds of all prompts, against llama.cpp's own
         base_tps = next(s["tokens_per_s"] for s in summary if s["runtime"] == llama_alone)
         for s in summary:
             s["ratio_vs_llama_cpp"] = s["tokens_per_s"] / base_tps
-    print(f"{'runtime':<34}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}"
+    print(f"{'runtime':<40}{'tok/s':>8}{'x ortspec target-only (min-max)':>34}{'other tokens':>14}"
           + (f"{'x llama.cpp':>13}" if rows.get(llama_alone) else "") + (f"{'top-1':>9}{'KL':>9}" if fidelity else ""))
     for s in summary:
         span = f"{s['ratio_vs_ortspec_target_only']:.2f} ({s['min_ratio']:.2f}-{s['max_ratio']:.2f})"
         other = "-" if s["runs_with_other_tokens"] is None else s["runs_with_other_tokens"]
-        line = f"{s['runtime']:<34}{s['tokens_per_s']:>8.1f}{span:>34}{other:>14}"
+        line = f"{s['runtime']:<40}{s['tokens_per_s']:>8.1f}{span:>34}{other:>14}"
         if "ratio_vs_llama_cpp" in s:
             line += f"{s['ratio_vs_llama_cpp']:>13.2f}"
         if fidelity:
@@ -288,13 +367,13 @@ def main() -> int:
     kinds = sorted({item.get("kind") for item in prompts} - {None})
     if len(kinds) > 1:  # the median ratio per prompt kind
         kind_of = {item["id"]: item.get("kind") for item in prompts}
-        print(f"\n{'median ratio by prompt kind':<34}" + "".join(f"{k:>10}" for k in kinds))
+        print(f"\n{'median ratio by prompt kind':<40}" + "".join(f"{k:>10}" for k in kinds))
         for s_ in summary:
             n = s_["runtime"]
             by = {k: [r["tokens_per_s"] / h["tokens_per_s"] for r, h in zip(rows[n], rows[ref])
                       if kind_of.get(r["prompt"]) == k] for k in kinds}
             s_["ratio_by_kind"] = {k: statistics.median(v) for k, v in by.items() if v}
-            print(f"{n:<34}" + "".join(f"{s_['ratio_by_kind'].get(k, float('nan')):>10.2f}" for k in kinds))
+            print(f"{n:<40}" + "".join(f"{s_['ratio_by_kind'].get(k, float('nan')):>10.2f}" for k in kinds))
     report = {"bundle": args.bundle, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "sampling": sampling, "llama_cpp_target": args.llama_cpp_target,
               "llama_cpp_also": args.llama_cpp_also,

@@ -3,12 +3,14 @@
 
     python tools/fidelity.py --reference models/qwen-fp32 --bundle models/qwen-gguf --bundle models/qwen-int4 \
         [--llama-cpp ~/.cache/llama-cpp/bin --llama-reference FILE.gguf --llama-file FILE.gguf \
-         --llama-file requant-q4_0.gguf] [--text long.txt] [--window 512] [--tokens 6144] [--out fidelity.json]
+         --llama-file requant-q4_0.gguf [--ik-llama-cpp ~/.cache/ik-llama-cpp/bin]] [--text long.txt] \
+        [--window 512] [--tokens 6144] [--out fidelity.json]
 
 Each ortspec bundle's target is teacher-forced against the reference bundle's target (`ortspec quality
 --window`); each llama.cpp file runs through `llama-perplexity --kl-divergence` against the logits of
 ``--llama-reference`` (a GGUF file; converted once to F32 with `llama-quantize --allow-requantize`, which is the
-file's float model, as ortspec's `--dtype fp32` export of it is). Both score the second half of every window of
+file's float model, as ortspec's `--dtype fp32` export of it is); with --ik-llama-cpp, ik_llama.cpp's
+llama-perplexity scores each file the same way, with and without run-time repacking (-rtr). All score the second half of every window of
 ``--window`` tokens, each read from an empty cache, over the first ``--tokens`` tokens: top-1 agreement with the
 float model, mean KL(float || candidate) and the change in NLL of the text. The default text is the long prompt
 set joined (ortspec/data/long.jsonl), as docs/results.md measures. The JSON (--out) is what
@@ -49,7 +51,9 @@ def parse_kld(log: str) -> dict:
 
 
 def llama_cpp_fidelity(bin_dir: Path, reference: Path, files: list[str], text: str, window: int, tokens: int,
-                       threads: int, work: Path) -> list[dict]:
+                       threads: int, work: Path, ik_dir: Path | None = None) -> list[dict]:
+    """llama.cpp's rows (and with ``ik_dir``, ik_llama.cpp's, with and without run-time repacking: each fork
+    computes its own reference logits from the same F32 file)."""
     f32 = work / (reference.stem + ".f32.gguf")
     if not f32.is_file():
         print(f"converting {reference} to F32 for llama.cpp's reference logits", file=sys.stderr, flush=True)
@@ -57,18 +61,22 @@ def llama_cpp_fidelity(bin_dir: Path, reference: Path, files: list[str], text: s
                        check=True, capture_output=True)
     path = work / "text.txt"
     path.write_text(text)
-    chunks = str(tokens // window)
-    common = ["-f", str(path), "-c", str(window), "--chunks", chunks, "-t", str(threads)]
-    base = work / "base.kld"
-    subprocess.run([str(bin_dir / "llama-perplexity"), "-m", str(f32), *common, "--kl-divergence-base", str(base)],
-                   check=True, capture_output=True)
+    common = ["-f", str(path), "-c", str(window), "--chunks", str(tokens // window), "-t", str(threads)]
+    runs = [("llama.cpp", bin_dir, [], "")]
+    if ik_dir is not None:
+        runs += [("ik_llama.cpp", ik_dir, [], "#ik"), ("ik_llama.cpp -rtr", ik_dir, ["-rtr"], "#ik-rtr")]
     rows = []
-    for f in files:
-        print(f"llama.cpp on {f}", file=sys.stderr, flush=True)
-        proc = subprocess.run([str(bin_dir / "llama-perplexity"), "-m", f, *common, "--kl-divergence-base",
-                               str(base), "--kl-divergence"], capture_output=True, text=True)
-        rows.append({"runtime": "llama.cpp", "path": str(Path(f).resolve()), "name": Path(f).name,
-                     **parse_kld(proc.stdout + proc.stderr)})
+    for runtime, where, flags, key in runs:
+        base = work / f"base{key.replace('#', '-')}.kld"
+        if not base.is_file():
+            subprocess.run([str(where / "llama-perplexity"), "-m", str(f32), *common, "--kl-divergence-base",
+                            str(base)], check=True, capture_output=True)
+        for f in files:
+            print(f"{runtime} on {f}", file=sys.stderr, flush=True)
+            proc = subprocess.run([str(where / "llama-perplexity"), "-m", f, *common, *flags, "--kl-divergence-base",
+                                   str(base), "--kl-divergence"], capture_output=True, text=True)
+            rows.append({"runtime": runtime, "path": str(Path(f).resolve()) + key, "name": Path(f).name,
+                         **parse_kld(proc.stdout + proc.stderr)})
     return rows
 
 
@@ -79,6 +87,9 @@ def main() -> int:
     ap.add_argument("--llama-cpp", metavar="BIN_DIR", help="llama.cpp's binaries (llama-perplexity, llama-quantize)")
     ap.add_argument("--llama-reference", help="the GGUF file whose float model is the reference for llama.cpp")
     ap.add_argument("--llama-file", action="append", default=[], help="a GGUF file llama.cpp runs (repeatable)")
+    ap.add_argument("--ik-llama-cpp", metavar="BIN_DIR",
+                    help="ik_llama.cpp's binaries: each --llama-file scored by it too, with and without -rtr "
+                         "(rows keyed by the file's path + '#ik' / '#ik-rtr', as compare_peers reads them)")
     ap.add_argument("--text", help="a text file (default: the long prompt set joined)")
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=6144)
@@ -104,11 +115,12 @@ def main() -> int:
             work = Path(args.work) if args.work else Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
             rows += llama_cpp_fidelity(Path(args.llama_cpp).expanduser(), Path(args.llama_reference), args.llama_file,
-                                       text, args.window, args.tokens, args.threads, work)
-    print(f"{'runtime':<10}{'model':<44}{'top-1':>8}{'mean KL':>10}{'NLL change':>12}")
+                                       text, args.window, args.tokens, args.threads, work,
+                                       Path(args.ik_llama_cpp).expanduser() if args.ik_llama_cpp else None)
+    print(f"{'runtime':<18}{'model':<44}{'top-1':>8}{'mean KL':>10}{'NLL change':>12}")
     for r in rows:
         nll = f"{r['nll_change'] * 100:+.1f}%" if "nll_change" in r else "-"
-        print(f"{r['runtime']:<10}{r['name']:<44}{r['top1'] * 100:>7.1f}%{r['mean_kl']:>10.4f}{nll:>12}")
+        print(f"{r['runtime']:<18}{r['name']:<44}{r['top1'] * 100:>7.1f}%{r['mean_kl']:>10.4f}{nll:>12}")
     report = {"window": args.window, "tokens": args.tokens, "text": args.text or "ortspec/data/long.jsonl joined",
               "reference": args.reference, "llama_reference": args.llama_reference, "rows": rows}
     if args.out:

@@ -84,14 +84,17 @@ class _ValidLength:
 
 
 class StaticCache(_ValidLength):
-    """Fixed-capacity K/V buffers bound in place (see the module's note) of at most ``limit`` positions;
-    ``owner``: the cache whose buffers this one runs on (``share``), else None."""
+    """Fixed-capacity K/V buffers bound in place (see the module's note) of at most ``limit`` positions, plus
+    ``headroom`` slots a pass may write past the positions it feeds (a row-invariant graph's extra attention
+    row: never valid, overwritten by the next pass); ``owner``: the cache whose buffers this one runs on
+    (``share``), else None."""
 
     kind = "static"
     RESERVE_STEP = 256  # buffers grow in multiples of this many positions
 
-    def __init__(self, layout: KVLayout, limit: int, size: int = 0):
-        self.layout, self.limit = layout, limit
+    def __init__(self, layout: KVLayout, limit: int, size: int = 0, headroom: int = 0):
+        self.layout, self.limit, self.headroom = layout, limit, headroom
+        size = size and size + headroom
         self.past: list = layout.buffers(size)
         self.stored = size                  # the buffers' capacity
         self.binding: StaticBinding | None = None  # an IO binding with the buffers bound (made on the next pass)
@@ -104,18 +107,18 @@ class StaticCache(_ValidLength):
 
     def fresh(self, positions: int) -> "StaticCache":
         """A cache of the same kind with buffers of its own for ``positions`` positions (a reference prefill)."""
-        return StaticCache(self.layout, self.limit, positions)
+        return StaticCache(self.layout, self.limit, positions, self.headroom)
 
     def reserve(self, positions: int) -> None:
-        """Room for ``positions`` (rounded up), keeping the valid prefix."""
+        """Room for ``positions`` (rounded up) and the headroom, keeping the valid prefix."""
         if self.owner is not None:  # the owner's buffers grow (the owner keeps its valid prefix)
             self.owner.reserve(positions)
             self.follow_owner()
             return
-        if positions <= self.stored:
+        if positions + self.headroom <= self.stored:
             return
         layout, length = self.layout, self.length
-        size = min(self.limit, -(-positions // self.RESERVE_STEP) * self.RESERVE_STEP)
+        size = min(self.limit, -(-positions // self.RESERVE_STEP) * self.RESERVE_STEP) + self.headroom
         if not length:
             self.past, self.stored, self.binding = layout.buffers(size), size, None
             return

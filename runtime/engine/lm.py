@@ -47,6 +47,33 @@ class CausalLM:
         self.row_tile = spec.row_tile
         self.progress = None  # called as progress(done, total) after each pass of a feed longer than one pass
         self.reset()
+        if spec.rows == "invariant" and not self.rows_agree():
+            self.row_tile = spec.kernel_tile  # this machine's kernels do not: bitwise passes avoid lone rows again
+
+    def rows_agree(self) -> bool:
+        """Whether this machine's kernels give each row the same bits in passes of 1, 3 and 8 positions (a
+        row-invariant graph's promise, export.rows): after a context of 16 tokens, 8 more are fed one at a time,
+        three at a time and in one pass, and every row is compared bit for bit, on buffers of its own (the cache
+        is left empty). A different kernel path for a lone row or an odd pass's last shows in its logits' bits."""
+        if self.capacity < 26:
+            return False
+        tile, self.row_tile = self.row_tile, 1
+        vocab = self.spec.vocab_size
+        ids = [(3 + 37 * i) % vocab for i in range(24)]
+        saved, self.cache = self.cache, self.cache.fresh(len(ids))  # (buffers of its own: the cache untouched)
+        try:
+            self.prefill(ids[:16])
+            whole = np.array(self.forward(ids[16:]), copy=True)
+            for size in (1, 3):
+                self.rollback(16)
+                for at in range(16, 24, size):
+                    rows = self.forward(ids[at:min(at + size, 24)])
+                    if not np.array_equal(rows, whole[at - 16:at - 16 + len(rows)]):
+                        return False
+            return True
+        finally:
+            self.row_tile, self.cache = tile, saved
+            self.reset()
 
     # -- what the graph has --------------------------------------------------
     @property
@@ -114,7 +141,9 @@ class CausalLM:
 
     @property
     def capacity(self) -> int:
-        return self.spec.max_positions
+        """Positions a request may fill: the model's, less the slot a row-invariant graph's attention writes past
+        a pass (its rotary tables end at the model's last position)."""
+        return self.spec.max_positions - self.spec.kv_headroom
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` fed tokens. Never runs the model."""

@@ -313,7 +313,8 @@ class Graph:
     def new_cache(self, trim: str, thread_pool: str):
         """An empty KV cache of this graph's kind."""
         if self.spec.kv_cache == "static":
-            return StaticCache(self.layout, self.spec.max_positions)
+            spec = self.spec
+            return StaticCache(self.layout, spec.max_positions - spec.kv_headroom, headroom=spec.kv_headroom)
         return GrowingCache.for_layout(self.layout, trim, thread_pool, self.providers)
 
 

@@ -92,6 +92,38 @@ def test_llama_cpp_logs_are_parsed():
     tokens, seconds = peers.parse_llama_cpp("[ Prompt: 58.6 t/s | Generation: 12.1 t/s ]", 32)
     assert tokens == 32 and abs(tokens / seconds - 12.1) < 1e-9
     assert peers.parse_llama_cpp("error: invalid argument", 32) is None
+    ik = ("llama_print_timings: prompt eval time =     212.89 ms /    29 tokens (    7.34 ms per token)\n"
+          "llama_print_timings:        eval time =    1814.83 ms /    47 runs   (   38.61 ms per token)")
+    assert peers.parse_ik_llama_cpp(ik) == (47, 1.81483)  # ik_llama.cpp's old main: its decode line, not the prompt's
+    assert peers.parse_ik_llama_cpp(ik.splitlines()[0]) is None
+
+
+def test_openvino_peer_speaks_one_line_each_way(tmp_path):
+    """compare_peers drives OpenVINO GenAI through tools/openvino_peer.py under another interpreter: a ready line
+    with the modes it loaded, then one JSON answer per request (decode-only: the tokens after the first)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("compare_peers", Path(__file__).parents[1] / "tools" / "compare_peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    fake = tmp_path / "peer.py"  # stands in for openvino_peer.py: answers as it does
+    fake.write_text("import json, sys\n"
+                    "print(json.dumps({'ready': ['lookup', 'target']}), flush=True)\n"
+                    "for line in sys.stdin:\n"
+                    "    r = json.loads(line)\n"
+                    "    print(json.dumps({'tokens': r['max_new_tokens'], 'decode_s': 0.5, 'text': r['mode'] + ':' + r['prompt']}), flush=True)\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} {fake}\n")
+    python.chmod(0o755)
+    peer = peers.OpenVinoPeer(str(python), "t.gguf", None, 2)
+    assert peer.modes == ["lookup", "target"]
+    assert peer.run("target", "hi", 9, 4) == (8, 0.5, "target:hi")
+    assert peer.run("lookup", "yo", 3, 4, {"temperature": 0.7}) == (2, 0.5, "lookup:yo")
+    peer.close()
+    silent = tmp_path / "silent"
+    silent.write_text("#!/bin/sh\nexit 3\n")
+    silent.chmod(0o755)
+    with pytest.raises(RuntimeError, match="did not start"):
+        peers.OpenVinoPeer(str(silent), "t.gguf", None, 2)
 
 
 def test_bench_hybrid_reports_no_cost_model_ideal(pair_bundle, tmp_path):

@@ -135,7 +135,13 @@ def ik_llama_cpp_run(bin_dir, target, rendered, max_new, threads, sampling=None,
         opts += ["--temp", "0"]
     proc = subprocess.run([str(Path(bin_dir) / "llama-cli"), *opts], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL)
-    m = re.search(r"\beval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s*(?:runs|tokens)", proc.stderr + proc.stdout)
+    return parse_ik_llama_cpp(proc.stderr + proc.stdout)
+
+
+def parse_ik_llama_cpp(log: str) -> tuple[int, float] | None:
+    """Decode tokens and seconds from the old "main"'s timings: "eval time = X ms / N runs" (the prompt's line,
+    "prompt eval time", is another)."""
+    m = re.search(r"(?<!prompt )\beval time\s*=\s*([\d.]+)\s*ms\s*/\s*(\d+)\s*(?:runs|tokens)", log)
     return (int(m.group(2)), float(m.group(1)) / 1e3) if m and int(m.group(2)) else None
 
 
@@ -295,11 +301,11 @@ def main() -> int:
     openvino = None
     if args.openvino_python:
         openvino = OpenVinoPeer(args.openvino_python, args.llama_cpp_target, args.openvino_draft, args.threads)
-        for mode, name in (("target", "target-only"), ("lookup", f"prompt-lookup g={g}"),
-                           ("draft", f"draft model g={g}")):
-            if mode in openvino.modes:
-                runners[f"openvino {name} (decode)"] = lambda ids, p, raw, mode=mode: openvino.run(
-                    mode, raw, new, g, sampling)
+        for ov_mode, name in (("target", "target-only"), ("lookup", f"prompt-lookup g={g}"),
+                              ("draft", f"draft model g={g}")):
+            if ov_mode in openvino.modes:
+                runners[f"openvino {name} (decode)"] = lambda ids, p, raw, m=ov_mode: openvino.run(
+                    m, raw, new, g, sampling)
     if args.only:
         words = [w.strip() for w in args.only.split(",") if w.strip()]
         runners = {n: r for n, r in runners.items() if n in (ref_name, llama_alone) or any(w in n for w in words)}

@@ -207,8 +207,10 @@ def build_parser() -> CommandLine:
 
     p = sub.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API (needs the serve extra)",
                        description="A local OpenAI-compatible server: POST /v1/chat/completions and "
-                                   "/v1/completions (streaming or not), GET /v1/models, /health and /metrics (Prometheus). Requests run "
-                                   "one at a time on one generator, in arrival order.",
+                                   "/v1/completions (streaming or not), GET /v1/models, /health and /metrics (Prometheus). Up to "
+                                   "--parallel requests run at once, each on KV caches of its own, a round at a "
+                                   "time in turn (each answer is what it would be alone); more wait in arrival "
+                                   "order.",
                        epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="bundle directory made by `ortspec export`")
     p.add_argument("--host", default="127.0.0.1",
@@ -218,8 +220,12 @@ def build_parser() -> CommandLine:
                                                       "the bundle directory's name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests "
                                                    "(default: $ORTSPEC_API_KEY if set, else no key)")
+    p.add_argument("--parallel", default="auto", metavar="N",
+                   help="requests that run at once, each in a slot with KV caches of its own (the weights are "
+                        "loaded once); 'auto' (default): as many as fit in half the memory available with every "
+                        "slot at the whole context, at most 4")
     p.add_argument("--max-queue", type=int, default=32,
-                   help="requests allowed to wait behind the running one; more get HTTP 429 (default 32)")
+                   help="requests allowed to wait while --parallel run; more get HTTP 429 (default 32)")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may take, waiting included; then it stops with HTTP 504 (default 600)")
     p.add_argument("--default-max-tokens", type=int, default=1024,

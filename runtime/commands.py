@@ -210,10 +210,23 @@ def cmd_serve(args) -> int:
     serve(args.bundle, host=args.host, port=args.port, drafter=args.drafter,
           num_draft_tokens=_gamma(args.num_draft_tokens), provider=args.provider, threads=args.threads,
           draft_window=args.draft_window or None, draft_kv=args.draft_kv, max_queue=args.max_queue,
+          parallel=_parallel(args.parallel),
           request_timeout=args.request_timeout, api_key=api_key,
           model_id=args.model_name, max_body=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
           ready=ready)
     return 0
+
+
+def _parallel(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"--parallel must be 'auto' or an integer >= 1, got {value!r}")
+    return n
 
 
 def cmd_bench(args) -> int:

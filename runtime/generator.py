@@ -15,7 +15,7 @@ from .config import DRAFTERS, SamplingConfig, SpeculationConfig, resolve_samplin
 from .constrain import Constraint, ConstraintError, Vocabulary, grammar_for
 from .context import DecodeContext, Shared
 from .control import ProfileMemory
-from .drafting import HybridDrafter, ModelDrafter, NoDrafter, PromptLookupDrafter, check_window
+from .drafting import NoDrafter, PromptLookupDrafter, check_window, make_drafter
 from .engine import LOGITS_PLACES, CausalLM, check_thread_pool
 from .errors import BundleError, CacheOverflowError, DraftFailedWarning, IncompatibleModelsError, OrtspecError
 from .logprobs import check_logprobs
@@ -159,44 +159,47 @@ class SpeculativeGenerator:
                 lm = CausalLM(bundle.draft, str(bundle.file(bundle.draft.path)), provider, threads,
                               thread_pool=thread_pool, logits=logits)
                 shared = draft_kv == "auto" and bundle.draft.source.get("kind") == "self" and lm.can_share(target)
-                impl = cls._model_drafter(drafter, lm, draft_window, target if shared else None)
+                impl = make_drafter(drafter, lm, draft_window, target if shared else None)
             except BundleError:
                 raise  # a manifest that misdescribes its graph is a broken bundle, not a runtime failure
             except (OrtspecError, OSError, MemoryError, RuntimeError) as exc:  # (onnxruntime's own failures)
                 failed = f"the draft model failed to load ({type(exc).__name__}: {exc})"
                 warnings.warn(f"{failed}; decoding with the target alone", DraftFailedWarning, stacklevel=2)
                 impl = NoDrafter()
-        elif drafter == "prompt_lookup":
-            impl = PromptLookupDrafter()
         else:
-            impl = NoDrafter()
+            impl = make_drafter(drafter)
         return cls(bundle, target, impl, codec, failed)
 
-    @staticmethod
-    def _model_drafter(kind: str, lm: CausalLM, window: int | None = None, source: CausalLM | None = None):
-        model = ModelDrafter(lm, window, source)
-        return HybridDrafter(model) if kind == "hybrid" else model
-
     def sibling(self, drafter: str) -> "SpeculativeGenerator":
-        """Another generator over the same loaded models (no second copy in memory) with another drafter.
+        """Another generator over the same loaded models and target cache with another drafter: they run one
+        generation at a time between them (a call on one while the other's stream is open waits, or on that
+        stream's thread raises GeneratorBusyError)."""
+        impl = self._drafter_named(drafter.replace("-", "_"), self.drafter.lm, self.drafter.source)
+        return self._made(self.target, impl, self.shared, self.memory.sibling())
 
-        Both use the same target cache and buffers, so they run one generation at a time between them (a call
-        on one while the other's stream is open waits, or on that stream's thread raises GeneratorBusyError).
-        """
-        drafter = drafter.replace("-", "_")
-        if drafter == "none":
-            impl = NoDrafter()
-        elif drafter == "prompt_lookup":
-            impl = PromptLookupDrafter()
-        elif drafter in ("model", "hybrid") and self.drafter.lm is not None:
-            impl = self._model_drafter(drafter, self.drafter.lm, self.drafter.window, self.drafter.source)
-        else:
+    def twin(self) -> "SpeculativeGenerator":
+        """A generator with the same drafter over KV caches of its own (target and draft), on the same sessions:
+        the weights stay in memory once, and each twin's requests keep their own cached text. A twin has a lock,
+        scratch arrays and learned priors of its own, so twins may hold open streams at once; their passes must
+        still run one at a time (the server's scheduler steps every request's rounds on one thread)."""
+        target = self.target.twin()
+        lm = self.drafter.lm.twin() if self.drafter.lm is not None else None
+        source = target if self.drafter.source is not None else None
+        impl = self._drafter_named(self.drafter.name, lm, source)
+        return self._made(target, impl, Shared(vocabulary=self.shared.vocabulary), self.memory.sibling())
+
+    def _drafter_named(self, drafter: str, lm, source):
+        """A fresh drafter of kind ``drafter`` over the draft model ``lm`` (this generator's or a twin's)."""
+        if drafter in ("model", "hybrid") and lm is None:
             raise ValueError(f"cannot make a {drafter!r} sibling of a generator with drafter {self.drafter.name!r}")
-        twin = SpeculativeGenerator(self.bundle, self.target, impl, self.codec, self.draft_error, self.shared,
-                                    self.memory.sibling())
-        twin.draft_sampling, twin.record_min_mass = self.draft_sampling, self.record_min_mass
-        twin.forced_drafts = self.forced_drafts
-        return twin
+        return make_drafter(drafter, lm, self.drafter.window, source)
+
+    def _made(self, target, impl, shared: Shared, memory: ProfileMemory) -> "SpeculativeGenerator":
+        """A generator over ``target`` and ``impl`` that decodes as this one does (its rules and settings)."""
+        made = SpeculativeGenerator(self.bundle, target, impl, self.codec, self.draft_error, shared, memory)
+        made.draft_sampling, made.record_min_mass = self.draft_sampling, self.record_min_mass
+        made.forced_drafts, made.sampled_verify = self.forced_drafts, self.sampled_verify
+        return made
 
     def context(self) -> DecodeContext:
         """What a request's decode loop reads of this generator, as it is now."""
@@ -316,6 +319,13 @@ class SpeculativeGenerator:
         request = Request(ids, max_new_tokens, sampling, speculation, eos, seed, bool(strict),
                           constraint=constraint, logprobs=logprobs, prediction=self._prediction(prediction))
         return _Stream(self, request, wait_timeout)
+
+    def adopt(self, stream: "_Stream") -> "_Stream":
+        """A stream not started yet, made by another generator over the same bundle (a twin, a sibling), run on
+        this one's models instead: the same checked request."""
+        if stream.generator.bundle is not self.bundle:
+            raise ValueError("adopt() takes a stream of a generator over the same bundle")
+        return stream.on(self)
 
     def _prediction(self, prediction) -> tuple[int, ...]:
         """A predicted output's token ids (text through the tokenizer, without special tokens), checked."""
@@ -450,6 +460,12 @@ class _Stream:
     def close(self) -> None:
         if self._it is not None:
             self._it.close()
+
+    def on(self, gen: SpeculativeGenerator) -> "_Stream":
+        """This stream, not started yet, on another generator's models (``SpeculativeGenerator.adopt``)."""
+        if self._it is not None:
+            raise RuntimeError("a stream moves to another generator only before its first event")
+        return _Stream(gen, self._req, self._wait)
 
 
 def _run(gen: SpeculativeGenerator, req: Request, wait: float | None, box: list) -> Iterator[Event]:

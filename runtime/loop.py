@@ -98,6 +98,7 @@ class DecodeLoop:
         # copying otherwise).
         reusable = target.canonical_length if req.speculation.bitwise else self.start
         target.rollback(min(common_prefix(target.tokens, self.committed), self.start - 1, reusable))
+        stats.cached_tokens = target.length
         self._sync_drafter()
         self.draft_lm = self.drafter.lm
         room = self.start + req.max_new_tokens + SpeculationConfig.max_draft_tokens + 1

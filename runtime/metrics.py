@@ -69,7 +69,7 @@ class Metrics:
             if stats.new_tokens:
                 self.first_token.observe(stats.first_token_s)
 
-    def text(self, running: int, waiting: int, max_queue: int) -> str:
+    def text(self, running: int, waiting: int, max_queue: int, parallel: int = 1, kv_bytes: int = 0) -> str:
         """The exposition: one HELP and TYPE line per family, then its samples."""
         m = f'model="{_label(self.model_id)}"'
         out: list[str] = []
@@ -99,8 +99,12 @@ class Metrics:
             family("ortspec_queue_depth", "gauge", "Requests waiting to run.", [f"ortspec_queue_depth{{{m}}} {waiting}"])
             family("ortspec_queue_capacity", "gauge", "Requests that may wait (--max-queue).",
                    [f"ortspec_queue_capacity{{{m}}} {max_queue}"])
-            family("ortspec_running_requests", "gauge", "Requests running (at most one).",
+            family("ortspec_running_requests", "gauge", "Requests running (at most --parallel).",
                    [f"ortspec_running_requests{{{m}}} {running}"])
+            family("ortspec_slots", "gauge", "Requests that may run at once (--parallel).",
+                   [f"ortspec_slots{{{m}}} {parallel}"])
+            family("ortspec_kv_cache_bytes", "gauge", "Bytes of K/V buffers the slots' caches hold.",
+                   [f"ortspec_kv_cache_bytes{{{m}}} {kv_bytes}"])
             family("ortspec_request_duration_seconds", "histogram", "From the start of a request's run to its end.",
                    self.duration.lines("ortspec_request_duration_seconds", m))
             family("ortspec_time_to_first_token_seconds", "histogram", "From the start of a request's run to its "

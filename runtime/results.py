@@ -36,6 +36,7 @@ class Stats:
     constraint_time_s: float = 0.0  # spent in the constraint's matcher (moving it, making masks)
     prediction_accepted: int = 0  # tokens of the request's predicted output proposed and accepted ...
     prediction_rejected: int = 0  # ... and proposed and rejected (verified, then thrown away)
+    cached_tokens: int = 0        # prompt tokens the target's cache already held (an earlier request's), not fed
 
     @property
     def acceptance_rate(self) -> float:

@@ -415,6 +415,7 @@ def usage_of(outcome: Outcome) -> dict:
     s = outcome.stats
     return {"prompt_tokens": outcome.prompt_tokens, "completion_tokens": outcome.completion_tokens,
             "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.get("cached_prompt_tokens", 0)},
             "completion_tokens_details": {"accepted_prediction_tokens": s.get("prediction_accepted", 0),
                                           "rejected_prediction_tokens": s.get("prediction_rejected", 0)},
             "speculation": {"drafter": s.get("drafter"), "drafted": s.get("drafted", 0),

@@ -216,7 +216,7 @@ def test_a_bundles_decoding_defaults_apply_where_a_call_leaves_them_out(small_bu
     explicit = gen.generate(input_ids=[1, 2, 3], max_new_tokens=16, do_sample=False, num_draft_tokens=3)
     assert max(explicit.stats.round_gammas) == 3 and explicit.token_ids == res.token_ids
     assert SpeculativeGenerator.load(b, drafter="none").drafter.name == "none"  # a call's choice wins
-    from ortspec.serve import Engine
+    from ortspec.scheduler import Engine
     assert Engine(gen, "m").default_gamma == 2 and Engine(gen, "m", default_gamma="auto").default_gamma == "auto"
     from ortspec.inspect import format_report, inspect_bundle
     assert "decoding when a call sets nothing: drafter=hybrid, num_draft_tokens=2  (from the manifest)" in \

@@ -70,6 +70,16 @@ def test_speculative_greedy_equals_target_greedy_on_dev_prompts(smol, dev_prompt
     assert report.mismatches == 0, report.to_dict()
 
 
+def test_four_clients_at_once_get_their_alone_answers(smol, dev_prompts):
+    """The server's Engine with four slots, eight dev prompts at once (four wait for a slot): every greedy answer's
+    ids are the ones it gets alone."""
+    from test_concurrency import together_and_alone
+    gen = SpeculativeGenerator.load(smol)
+    prompts = [gen.codec.encode(p, chat=True) for p in dev_prompts[:8]]
+    together, alone = together_and_alone(gen, prompts, 48)
+    assert together == alone
+
+
 @pytest.fixture(scope="session")
 def smol_int4_kernel(smol_int4_target, tmp_path_factory):
     """The same bundle with its target graph as the builder wrote it, before the row-invariant rewrite."""

@@ -206,7 +206,7 @@ def test_a_bundle_without_a_draft_decodes_by_default(ids_bundle):
     ids = [1, 5, 9, 5, 9, 5, 9, 5]
     want = SpeculativeGenerator.load(ids_bundle, drafter="none").generate(input_ids=ids, max_new_tokens=20)
     assert gen.generate(input_ids=ids, max_new_tokens=20).token_ids == want.token_ids
-    from ortspec.serve import Engine
+    from ortspec.scheduler import Engine
     assert Engine(gen, "ids").drafters[0] == "prompt_lookup"
 
 

@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 
 from ortspec import SpeculativeGenerator  # noqa: E402
 from ortspec.drafting import common_prefix  # noqa: E402
-from ortspec.serve import ApiError, StopText, parse_request  # noqa: E402
+from ortspec.wire import ApiError, StopText, parse_request  # noqa: E402
 
 MODEL = "tinyserve"
 LONG = {"max_tokens": 4000, "ignore_eos": True, "num_draft_tokens": 0}  # ~15 s on two cores: never finishes here
@@ -62,9 +62,9 @@ def server(serve_bundle, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def guarded(serve_bundle, tmp_path_factory):
-    """A second server: API key, one waiting request at most, 2 s per request."""
+    """A second server: API key, one request running and one waiting at most, 2 s per request."""
     proc, url = start_server(serve_bundle, tmp_path_factory.mktemp("serve2") / "server.log", "--api-key", "sekrit",
-                             "--max-queue", "1", "--request-timeout", "2")
+                             "--parallel", "1", "--max-queue", "1", "--request-timeout", "2")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -309,6 +309,23 @@ def test_concurrent_clients_get_what_they_get_alone(server):
         t.join(timeout=300)
     assert not errors and [together[k] for k in range(len(requests))] == alone
     wait_idle(server)
+
+
+def test_a_repeated_system_prompt_comes_from_a_slots_cache(server, api):
+    """Two requests sharing a system prompt, one after the other: the second reports the shared tokens as
+    cached (OpenAI's usage.prompt_tokens_details.cached_tokens) and answers as it does alone."""
+    system = {"role": "system", "content": " ".join(f"w{i}" for i in range(70, 100))}
+    c = client(server)
+    first = c.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "w1 w2"}],
+                                      max_tokens=6, temperature=0)
+    msgs = [system, {"role": "user", "content": "w3 w4 w5"}]
+    second = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0)
+    shared = common_prefix(api.codec.encode_messages([system, {"role": "user", "content": "w1 w2"}]),
+                           api.codec.encode_messages(msgs))
+    assert first.usage.prompt_tokens_details.cached_tokens < shared
+    assert shared - 1 <= second.usage.prompt_tokens_details.cached_tokens <= shared
+    assert second.choices[0].message.content == api.generate(messages=msgs, max_new_tokens=6, do_sample=False).text
+    assert health(server)["parallel"] >= 1
 
 
 def test_a_client_dropped_mid_stream_frees_the_server(server):

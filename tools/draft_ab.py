@@ -45,6 +45,7 @@ def main() -> int:
     from ortspec import SpeculativeGenerator
     from ortspec.bench import load_prompts
     from ortspec.bundle import load_bundle
+    from ortspec.drafting import make_drafter
     from ortspec.engine import CausalLM
 
     gen = SpeculativeGenerator.load(args.base, thread_pool="shared", drafter=args.drafter)
@@ -63,7 +64,7 @@ def main() -> int:
         lm = CausalLM(other.draft, str(other.file(other.draft.path)), thread_pool="shared")
         source = gen.target if base_drafter.source is not None and lm.can_share(gen.target) else None
         twin = gen.sibling(args.drafter)
-        twin.drafter = SpeculativeGenerator._model_drafter(args.drafter, lm, base_drafter.window, source)
+        twin.drafter = make_drafter(args.drafter, lm, base_drafter.window, source)
         gens[f"{n} {root}"] = twin
     sampling = {"do_sample": False} if args.greedy else {
         "do_sample": True if args.sample else None, "temperature": args.temperature, "top_k": args.top_k,

@@ -34,7 +34,7 @@ import threading
 import time
 
 from ortspec.shipped import DEV_PROMPTS, shipped
-from serve_soak import pct, start_server  # (this file's directory is on the path)
+from serve_soak import pct, run_clients, sse_chunks, start_server  # (this file's directory is on the path)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
@@ -56,13 +56,9 @@ def stream_request(url: str, body: dict) -> dict:
         conn.close()
         return {"status": resp.status, "error": payload["error"]["message"]}
     text, first, usage = [], None, {}
-    for line in resp:
-        if not line.startswith(b"data: "):
-            continue
-        data = line[6:].strip()
-        if data == b"[DONE]":
+    for chunk in sse_chunks(resp):
+        if chunk is None:
             break
-        chunk = json.loads(data)
         if "error" in chunk:
             return {"status": 500, "error": chunk["error"]["message"]}
         if chunk.get("usage"):
@@ -156,13 +152,7 @@ def main() -> int:
                 with lock:
                     results.append(r)
 
-        t0 = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        wall = run_clients(client, args.clients)
         ok = [r for r in results if r["status"] == 200]
         ttft = [r["ttft_s"] for r in ok]
         report["concurrency"] = {"clients": args.clients, "requests": args.requests, "ok": len(ok),

@@ -130,6 +130,23 @@ class StaticCache(_ValidLength):
         self.past, self.stored = fresh, size
         self.binding = None  # rebind the new buffers on the next call
 
+    def can_copy(self, other) -> bool:
+        """Whether ``copy_prefix`` can take ``other``'s tokens: both static on the CPU with one layout, this one
+        on buffers of its own."""
+        return other.kind == "static" and self.owner is None and self.layout.device == "cpu" and \
+            self.layout.fits(other.layout)
+
+    def copy_prefix(self, other: "StaticCache", n: int) -> None:
+        """Hold ``other``'s first ``n`` tokens instead of what this cache held: their keys and values copied into
+        this cache's buffers, bit for bit (on the CPU an OrtValue's array is its memory)."""
+        if not self.can_copy(other) or not 0 <= n <= other.length:
+            raise ValueError(f"copy_prefix: cannot take {n} positions of that cache")
+        self.tokens = []
+        self.reserve(n)
+        for mine, theirs in zip(self.past, other.past):
+            mine.numpy()[:, :, :n] = theirs.numpy()[:, :, :n]
+        self.tokens = other.tokens[:n]
+
     def can_share(self, other) -> bool:
         """Whether this cache can run on ``other``'s buffers: both static, with one layout on one device."""
         return other.kind == "static" and self.layout.fits(other.layout)
@@ -207,6 +224,9 @@ class GrowingCache(_ValidLength):
         """Nothing to reserve: each pass returns tensors of the length it needs."""
 
     def can_share(self, other) -> bool:
+        return False
+
+    def can_copy(self, other) -> bool:
         return False
 
     def trimmed(self, length: int) -> list:

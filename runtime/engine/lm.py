@@ -50,6 +50,16 @@ class CausalLM:
         if spec.rows == "invariant" and not self.rows_agree():
             self.row_tile = spec.kernel_tile  # this machine's kernels do not: bitwise passes avoid lone rows again
 
+    def twin(self) -> "CausalLM":
+        """This model over a KV cache of its own (empty), on the same session: another request's state, the
+        weights in memory once. The twin keeps this model's row tile (the load's probe is not run again)."""
+        twin = object.__new__(CausalLM)
+        twin.spec, twin.provider, twin.row_tile, twin.progress = self.spec, self.provider, self.row_tile, None
+        twin.graph = self.graph.twin()
+        twin.cache = self.cache.fresh(0)
+        twin.reset()
+        return twin
+
     def rows_agree(self) -> bool:
         """Whether this machine's kernels give each row the same bits in passes of 1, 3 and 8 positions (a
         row-invariant graph's promise, export.rows): after a context of 16 tokens, 8 more are fed one at a time,
@@ -149,6 +159,27 @@ class CausalLM:
         """Keep only the first ``length`` fed tokens. Never runs the model."""
         self.cache.rewind(length)
         self.canonical_length = min(self.canonical_length, length)
+
+    def kv_bytes(self, positions: int | None = None) -> int:
+        """Bytes of the K/V buffers this model's cache holds of its own (none where it runs on another's), or
+        would hold at ``positions`` positions."""
+        cache = self.cache
+        if cache.owner is not None:
+            return 0
+        layout = cache.layout
+        width = 2 if layout.dtype == "float16" else 4
+        return len(layout.inputs) * layout.kv_heads * layout.head_dim * width * \
+            (cache.stored if positions is None else positions)
+
+    def can_copy(self, source: "CausalLM") -> bool:
+        """Whether ``copy_prefix`` can take ``source``'s cached tokens (static caches on the CPU, one layout)."""
+        return self.cache.can_copy(source.cache)
+
+    def copy_prefix(self, source: "CausalLM", n: int) -> None:
+        """Hold the first ``n`` tokens ``source`` holds, their keys and values copied bit for bit (another
+        request's slot: a prompt that starts as that one's does feeds only the rest). Never runs the model."""
+        self.cache.copy_prefix(source.cache, n)
+        self.canonical_length = min(n, source.canonical_length)
 
     def can_share(self, source: "CausalLM") -> bool:
         """Whether this model can run on ``source``'s KV buffers (``share_cache``): both static caches on one

@@ -7,6 +7,7 @@ leased buffers or arrays of its own); nothing about a request is kept on the mod
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 import time
 
@@ -81,15 +82,28 @@ class Graph:
         # the token id of each logits column (a vocab-subset draft's cover its id ranges in order)
         self.columns = Columns([tuple(r) for r in spec.vocab_subset["ranges"]] if spec.vocab_subset else None,
                                spec.output_vocab)
+        self.own_buffers()
+        # The graph's own TopK over each kept row (bundles exported with it): a decoding pass then brings back
+        # each row's ``top_k`` largest entries too, and the sampling rules read those instead of the row.
+        # "host" asks for whole rows only (the graph is still told to find one entry: its input must be fed).
+        self.top_rows = bool(spec.top_logits) and logits != "host"
+
+    def twin(self) -> "Graph":
+        """The same session (weights loaded once) with host buffers, row counts and run time of its own: another
+        request's passes over another cache (CausalLM.twin). Twins run one pass at a time between them (a
+        server's scheduler runs every request's rounds on one thread)."""
+        twin = copy.copy(self)
+        twin.own_buffers()
+        return twin
+
+    def own_buffers(self) -> None:
+        """Host buffers, row counts and a run-time count of this graph's own (made at load; again for a twin)."""
+        spec = self.spec
         self.row_counts = RowCounts()  # rows read through their top entries / device rows copied in full
         # what the rows of this graph's passes read besides the pass's buffers
         self.reading = RowReading(self.columns, spec.vocab_size, spec.output_vocab,
                                   spec.logits_norm["block"] if spec.logits_norm else None,
                                   self.device_top if self._topk is not None else None, self.row_counts)
-        # The graph's own TopK over each kept row (bundles exported with it): a decoding pass then brings back
-        # each row's ``top_k`` largest entries too, and the sampling rules read those instead of the row.
-        # "host" asks for whole rows only (the graph is still told to find one entry: its input must be fed).
-        self.top_rows = bool(spec.top_logits) and logits != "host"
         # host buffers of decoding passes, leased until the next round (``new_round``; HostSlots)
         self._slots = HostSlots(spec.vocab_size, NP_DTYPE[spec.dtype])
         self._last_slot: HostSlot | None = None  # the kept slot the last pass wrote (``release_rows``)

@@ -112,9 +112,13 @@ class DecodeLoop:
         self.lazy = self.drafter.source is not None or len(self.committed) - target.length > ctx.lazy_prefill
 
     def rounds(self) -> Iterator[Event]:
+        if self.req.pauses:
+            yield from self._prompt_in_steps()
         while True:
             r = self.plan()
             self.propose(r)
+            if self.req.pauses and self.stats.rounds:  # (the first round, the prompt's, runs whole)
+                yield None
             self.verify(r)
             self.commit(r)
             self.account(r)
@@ -123,6 +127,17 @@ class DecodeLoop:
             if r.reason:
                 yield from self.finish(r.reason)
                 return
+
+    def _prompt_in_steps(self) -> Iterator[None]:
+        """A scheduler's stream: a long unfed prompt is fed a CHUNK of positions a step, with a pause (None) after
+        each, up to its last two chunks at most, which the first round feeds (the passes a prefill runs anyway:
+        the same keys and values, bit for bit)."""
+        target = self.target
+        while len(self.committed) - target.length > 2 * target.CHUNK:
+            at = target.length
+            target.forward(self.committed[at:at + target.CHUNK], keep=1, reuse=True, options=self.passes)
+            target.release_rows()
+            yield None
 
     # 1. plan ----------------------------------------------------------------
     def plan(self) -> Round:

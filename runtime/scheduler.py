@@ -23,6 +23,7 @@ from .tools import CallWatch, held_format, tool_style
 from .wire import ApiError, Job, Outcome, StopText
 
 log = logging.getLogger("ortspec.serve")
+END = object()  # a stream's end, as _step reads it
 
 
 class Ticket:
@@ -90,13 +91,14 @@ class Run:
 
 class Engine:
     """Runs up to ``parallel`` requests at once, each on a slot of its own (Slot: its own KV caches over shared
-    sessions), interleaved a round at a time on one worker thread: every running request advances by one
-    event (a round's accepted drafts, or its next token) in turn, and a request that arrives while others run
-    opens the next turn, so its first token waits at most for the round running then. A request whose prompt
-    starts as one a slot holds (a free slot's, or a running one's: its held prompt stays put) feeds only the
-    rest. Each request's output is what it would be alone (its own caches, rows with the same bits whatever pass they ride: greedy ids are the
-    same, a seeded sampled answer follows the same law). Past ``parallel`` running, requests wait in arrival
-    order, ``max_queue`` of them at most (then 429)."""
+    sessions), interleaved on one worker thread: in each turn every running request takes one step — its
+    round's drafts, or its round's target pass and the event it commits (a request's first round is one step,
+    after its prompt's chunks of 128 positions, a step each, where it is long) — and a request that arrives
+    while others run opens the next turn, so its first token waits at most for the step running then. A
+    request whose prompt starts as one a slot holds (a free slot's, or a running one's: its held prompt stays
+    put) feeds only the rest. Each request's output is what it would be alone (its own caches, rows with the
+    same bits whatever pass they ride: greedy ids are the same, a seeded sampled answer follows the same law).
+    Past ``parallel`` running, requests wait in arrival order, ``max_queue`` of them at most (then 429)."""
 
     COPY_MIN = 16  # a prompt start another slot holds, this many tokens longer than the free slot's: copied over
 
@@ -218,7 +220,7 @@ class Engine:
             self._admitted += 1
             slot.last_used = self._admitted
             gen = slot.generator(ticket.stream.generator.drafter.name)
-            ticket.stream = gen.adopt(ticket.stream)  # the checked request, on this slot's models
+            ticket.stream = gen.adopt(ticket.stream, pauses=True)  # the checked request, on this slot's models
             busy.add(id(slot))
             self._runs.insert(0, Run(ticket, slot))  # its first round (the prompt's prefill) opens the next turn
 
@@ -235,8 +237,10 @@ class Engine:
             if ticket.cancel.is_set():
                 reason = "cancelled"
             else:
-                ev = next(stream, None)
-                if ev is None:
+                ev = next(stream, END)
+                if ev is None:  # drafts made, the target pass next turn: a new request may start between
+                    return
+                if ev is END:
                     reason = "end"
                 else:
                     run.tokens += len(ev.token_ids)

@@ -314,3 +314,37 @@ def test_parallel_flag_is_checked():
     for bad in ("0", "-2", "many"):
         with pytest.raises(ValueError, match="--parallel"):
             _parallel(bad)
+
+
+def test_a_pausing_stream_pauses_before_each_target_pass_but_the_first(gen):
+    """The scheduler's streams (adopt(..., pauses=True)) yield None between a round's drafts and its target pass
+    from the second round on; their ids are the plain stream's."""
+    kw = dict(input_ids=[3, 4, 5], max_new_tokens=20, do_sample=False, eos_token_id=[])
+    plain = [t for ev in gen.stream(**kw) for t in ev.token_ids]
+    items = list(gen.adopt(gen.stream(**kw), pauses=True))
+    assert items[0] is not None and items.count(None) >= 2
+    assert all(not (a is None and b is None) for a, b in zip(items, items[1:]))  # one pause per round
+    assert [t for ev in items if ev is not None for t in ev.token_ids] == plain
+
+
+def test_a_long_prompt_is_read_in_steps_while_a_short_request_runs(gen):
+    """Two slots: a 1,500-token prompt is fed 128 positions a step, so a short request sent with it ends before
+    the long request's first token (fed whole, that prompt would come first); both get their alone ids."""
+    long_prompt = [(11 * i + 5) % gen.vocab_size for i in range(1500)]
+    short_prompt = [9, 8, 7]
+    want_long, want_short = alone(gen, long_prompt, 4), alone(gen, short_prompt, 3)
+
+    async def scene():
+        engine = engine_for(gen, 2)
+        try:
+            long = Client(engine, long_prompt, 4)
+            short = Client(engine, short_prompt, 3)
+            await short.finish()
+            assert long.ticket.queue.empty()  # not a token of the long answer yet
+            await long.finish()
+            return long, short
+        finally:
+            engine.close()
+
+    long, short = asyncio.run(scene())
+    assert long.ids == want_long and short.ids == want_short

@@ -1,4 +1,4 @@
-"""A fresh drafter of a named kind ("none", "prompt_lookup", "model", "hybrid"), over a draft model where it needs one."""
+"""A fresh drafter of a named kind (none, prompt_lookup, model, hybrid), over a draft model where it needs one."""
 from __future__ import annotations
 
 from .base import Drafter, NoDrafter

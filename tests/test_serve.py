@@ -619,3 +619,18 @@ def test_predicted_outputs_through_the_official_client(server):
     assert "".join(pieces) == text and usage.completion_tokens_details.accepted_prediction_tokens >= 20
     with pytest.raises(openai.BadRequestError, match="prediction"):
         c.chat.completions.create(**kw, prediction={"type": "image", "content": text})
+
+
+def test_the_load_benchmark_measures_every_client_and_the_first_token_beside_a_long_answer(server):
+    """tools/serve_soak.py --load's measures on the served tiny pair: every request of the mix answered and
+    counted, and a short request sent while a long answer runs ends before it (the slots interleave)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    try:
+        from serve_soak import load, ttft_beside_a_long_answer
+    finally:
+        sys.path.pop(0)
+    report = load(server, MODEL, clients=2, requests_each=2, short=4, long=8)
+    assert report["ok"] == report["requests"] == 4 and report["tokens"] > 0 and report["tokens_per_s"] > 0
+    probe = ttft_beside_a_long_answer(server, MODEL, short=4, long=1500)
+    assert probe["beside_ttft_s"] is not None and probe["short_ended_before_long"]
+    wait_idle(server)

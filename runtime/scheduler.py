@@ -62,11 +62,10 @@ class Slot:
         """How many leading tokens of ``ids`` this slot's target cache holds."""
         return common_prefix(self.base.target.tokens, ids)
 
-    def copy_from(self, donor: "Slot", ids: list[int]) -> int:
-        """Take the start of ``ids`` that ``donor``'s caches hold (target and an own-cache draft), copied bit for
-        bit into this slot's caches; the number of target tokens taken (0 where the caches cannot copy)."""
+    def copy_from(self, donor: "Slot", ids: list[int], n: int) -> int:
+        """Take the ``n`` first tokens of ``ids`` that ``donor``'s caches hold (target and an own-cache draft),
+        copied bit for bit into this slot's caches; the number taken (0 where the caches cannot copy)."""
         target, source = self.base.target, donor.base.target
-        n = donor.cached(ids)
         if not target.can_copy(source):
             return 0
         target.copy_prefix(source, n)
@@ -213,10 +212,11 @@ class Engine:
                 return
             self._waiting.popleft()
             ids = ticket.stream.prompt_ids
-            slot = max(free, key=lambda s: (s.cached(ids), -s.last_used))
-            donor = max(self.slots, key=lambda s: s.cached(ids))  # (a busy slot's held prefix stays put)
-            if donor.cached(ids) >= slot.cached(ids) + self.COPY_MIN:
-                slot.copy_from(donor, ids)
+            held = {id(s): s.cached(ids) for s in self.slots}
+            slot = max(free, key=lambda s: (held[id(s)], -s.last_used))
+            donor = max(self.slots, key=lambda s: held[id(s)])  # (a busy slot's held prefix stays put)
+            if held[id(donor)] >= held[id(slot)] + self.COPY_MIN:
+                slot.copy_from(donor, ids, held[id(donor)])
             self._admitted += 1
             slot.last_used = self._admitted
             gen = slot.generator(ticket.stream.generator.drafter.name)

@@ -30,6 +30,7 @@ from pathlib import Path
 ROWS_KEY = "ortspec.rows"      # graph metadata: "invariant" once rewritten
 ROW_HEADROOM = 1               # KV slots past the valid length a pass of a rewritten graph writes
 _PREFIX = "rows/"
+ROWS_PREFIX = _PREFIX          # every node and constant the rewrite adds is named so
 
 
 def make_row_invariant(path: Path, dst: Path | None = None) -> bool:

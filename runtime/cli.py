@@ -209,8 +209,8 @@ def build_parser() -> CommandLine:
                        description="A local OpenAI-compatible server: POST /v1/chat/completions and "
                                    "/v1/completions (streaming or not), GET /v1/models, /health and /metrics (Prometheus). Up to "
                                    "--parallel requests run at once, each on KV caches of its own, a round at a "
-                                   "time in turn (each answer is what it would be alone); more wait in arrival "
-                                   "order.",
+                                   "time in turn, their target passes run as one (each answer is what it would be "
+                                   "alone); more wait in arrival order.",
                        epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bundle", help="bundle directory made by `ortspec export`")
     p.add_argument("--host", default="127.0.0.1",
@@ -224,6 +224,9 @@ def build_parser() -> CommandLine:
                    help="requests that run at once, each in a slot with KV caches of its own (the weights are "
                         "loaded once); 'auto' (default): as many as fit in half the memory available with every "
                         "slot at the whole context, at most 4")
+    p.add_argument("--no-batch", dest="batch", action="store_false",
+                   help="run each request's target pass on its own; by default the passes of the requests "
+                        "running at once go through the target as one (each row with the bits it gets alone)")
     p.add_argument("--max-queue", type=int, default=32,
                    help="requests allowed to wait while --parallel run; more get HTTP 429 (default 32)")
     p.add_argument("--request-timeout", type=float, default=600.0,

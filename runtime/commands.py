@@ -210,7 +210,7 @@ def cmd_serve(args) -> int:
     serve(args.bundle, host=args.host, port=args.port, drafter=args.drafter,
           num_draft_tokens=_gamma(args.num_draft_tokens), provider=args.provider, threads=args.threads,
           draft_window=args.draft_window or None, draft_kv=args.draft_kv, max_queue=args.max_queue,
-          parallel=_parallel(args.parallel),
+          parallel=_parallel(args.parallel), batch=args.batch,
           request_timeout=args.request_timeout, api_key=api_key,
           model_id=args.model_name, max_body=args.max_body_bytes, default_max_tokens=args.default_max_tokens,
           ready=ready)

@@ -60,6 +60,19 @@ class Round:
     before: list | None = None                # strict: the committed tokens before it
 
 
+@dataclass(eq=False)
+class PassNeed:
+    """A round's target pass, announced at a scheduler's pause (``Request.pauses``): ``forward_rows(ids, keep,
+    options)`` on ``lm``. A scheduler may run it, with other requests' passes in one (engine.batch), and leave
+    its rows in ``rows``; else the round runs it itself."""
+
+    lm: object
+    ids: list
+    keep: int
+    options: PassOptions
+    rows: object = None
+
+
 class DecodeLoop:
     """One request's rounds. Each round: (1) plan gamma, (2) propose drafts with their q, (3) one target pass over
     the unfed committed tokens and the drafts, verified left to right, (4) commit the accepted drafts and the
@@ -117,9 +130,12 @@ class DecodeLoop:
         while True:
             r = self.plan()
             self.propose(r)
+            need = None
             if self.req.pauses and self.stats.rounds:  # (the first round, the prompt's, runs whole)
-                yield None
-            self.verify(r)
+                need = PassNeed(self.target, self.committed[self.target.length:] + r.draft.tokens,
+                                len(r.draft.tokens) + 1, self.passes)
+                yield need
+            self.verify(r, need)
             self.commit(r)
             self.account(r)
             verdict = r.verdict if r.counted else Verdict(0, r.verdict.next_token, False)
@@ -218,12 +234,15 @@ class DecodeLoop:
         warnings.warn(f"{reason}; this request goes on with the target alone", category, stacklevel=2)
 
     # 3. verify ----------------------------------------------------------------
-    def verify(self, r: Round) -> None:
+    def verify(self, r: Round, need: PassNeed | None = None) -> None:
         """One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma + 1 rows, verified left to right:
-        the next token is a correction or the bonus."""
+        the next token is a correction or the bonus. The rows of a pass a scheduler ran already come in ``need``."""
         tokens = r.draft.tokens
-        rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1,
-                                        options=self.passes)
+        if need is not None and need.rows is not None:
+            rows = need.rows
+        else:
+            rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1,
+                                            options=self.passes)
         # (strict checks and log-probabilities read the rows as the pass returned them: verification may rewrite
         # rows in place)
         r.raw = rows.copy() if self.req.strict or self.req.logprobs is not None else None

@@ -16,7 +16,9 @@ from .checks import is_int
 from .constrain import ConstraintError
 from .drafting import common_prefix
 from .errors import OrtspecError
+from .engine.batch import BatchedPasses, batch_refusal
 from .generator import SpeculativeGenerator
+from .loop import PassNeed
 from .metrics import Metrics
 from .results import Stats
 from .tools import CallWatch, held_format, tool_style
@@ -86,24 +88,28 @@ class Run:
         self.ticket, self.slot = ticket, slot
         self.stop, self.watch = StopText(ticket.job.stop), _call_watch(ticket.job)
         self.tokens, self.t0 = 0, time.perf_counter()
+        self.need = None  # the target pass its last pause announced (loop.PassNeed)
 
 
 class Engine:
     """Runs up to ``parallel`` requests at once, each on a slot of its own (Slot: its own KV caches over shared
-    sessions), interleaved on one worker thread: in each turn every running request takes one step — its
-    round's drafts, or its round's target pass and the event it commits (a request's first round is one step,
-    after its prompt's chunks of 128 positions, a step each, where it is long) — and a request that arrives
-    while others run opens the next turn, so its first token waits at most for the step running then. A
-    request whose prompt starts as one a slot holds (a free slot's, or a running one's: its held prompt stays
-    put) feeds only the rest. Each request's output is what it would be alone (its own caches, rows with the
-    same bits whatever pass they ride: greedy ids are the same, a seeded sampled answer follows the same law).
+    sessions), interleaved on one worker thread. In each turn every running request takes one step — its
+    round's target pass and the events it commits, then its next round's drafts, up to the pause before that
+    round's target pass (a request's first round is one step, after its prompt's chunks of 128 positions, a
+    step each, where it is long) — and then the target passes the requests announced at those pauses run as
+    one (engine.batch.BatchedPasses: every request's rows through the weights once, each request's attention
+    over its own cache; ``batch`` False: each request runs its own). A request that arrives while others run
+    opens the next turn, so its first token waits at most for the turn running then. A request whose prompt
+    starts as one a slot holds (a free slot's, or a running one's: its held prompt stays put) feeds only the
+    rest. Each request's output is what it would be alone (its own caches, rows with the same bits whatever
+    pass they ride: greedy ids are the same, a seeded sampled answer the same tokens at the same settings).
     Past ``parallel`` running, requests wait in arrival order, ``max_queue`` of them at most (then 429)."""
 
     COPY_MIN = 16  # a prompt start another slot holds, this many tokens longer than the free slot's: copied over
 
     def __init__(self, gen: SpeculativeGenerator, model_id: str, max_queue: int = 32,
                  timeout_s: float = 600.0, default_gamma: int | str | None = None, default_max_tokens: int = 1024,
-                 parallel: int = 1):
+                 parallel: int = 1, batch: bool = True):
         if not is_int(parallel, 1):
             raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
         self.gen, self.model_id, self.default_max_tokens = gen, model_id, default_max_tokens
@@ -113,6 +119,7 @@ class Engine:
         self.drafters = (gen.drafter.name,) + tuple(d for d in offered if d != gen.drafter.name)
         self._checker = Slot(gen)  # checks requests on the event loop (no pass runs on it there)
         self.slots = [self._checker] + [Slot(gen.twin()) for _ in range(parallel - 1)]
+        self.batch = self._batched_passes() if batch and parallel > 1 else None
         self._cond = threading.Condition()
         self._waiting: collections.deque = collections.deque()
         self._runs: list[Run] = []
@@ -125,6 +132,17 @@ class Engine:
         self.metrics = Metrics(model_id)
         self._worker = threading.Thread(target=self._loop, name="ortspec-generate", daemon=True)
         self._worker.start()
+
+    def _batched_passes(self) -> BatchedPasses | None:
+        """The target's batched graph for every slot (None, logged, where this target or install cannot)."""
+        refusal = batch_refusal(self.gen.target)
+        if refusal is None:
+            try:
+                return BatchedPasses(self.gen.target, self.parallel)
+            except OrtspecError as exc:
+                refusal = str(exc)
+        log.warning("requests run their target passes one at a time: %s", refusal)
+        return None
 
     @property
     def running(self) -> int:
@@ -196,6 +214,8 @@ class Engine:
                 runs = list(self._runs)
             for run in runs:
                 self._step(run)
+            if self.batch is not None:
+                self._batch(runs)
 
     def _admit(self) -> None:
         """Waiting requests, in arrival order, onto free slots (holding the lock): each to the free slot whose
@@ -229,38 +249,60 @@ class Engine:
         self._finish(ticket, Outcome("cancelled", len(ticket.stream.prompt_ids), 0, {}, 0.0))
 
     def _step(self, run: Run) -> None:
-        """One event of a running request: its text to the client, or its end (then its slot is free)."""
+        """One step of a running request: its round's target pass (unless the last batched pass ran it), the
+        round's events (text to the client) and the next round's drafts, up to its next pause; or its end (then
+        its slot is free). A pause that announces a target pass leaves it in ``run.need``."""
         ticket = run.ticket
         stream = ticket.stream
+        run.need = None
         try:
             reason = None
-            if ticket.cancel.is_set():
-                reason = "cancelled"
-            else:
+            while reason is None:
+                if ticket.cancel.is_set():
+                    reason = "cancelled"
+                    break
                 ev = next(stream, END)
-                if ev is None:  # drafts made, the target pass next turn: a new request may start between
+                if ev is None or isinstance(ev, PassNeed):  # a pause: another request may run a step now
+                    run.need = ev
                     return
                 if ev is END:
                     reason = "end"
-                else:
-                    run.tokens += len(ev.token_ids)
-                    if ev.logprobs:  # (every token generated, up to the one that completes a stop string)
-                        ticket.put(("logprobs", ev.logprobs))
-                    text, hit = run.stop.push(ev.text)
-                    looped = run.watch is not None and run.watch.push(text)  # a held answer is read whole at the end
-                    if text and run.watch is None:
-                        ticket.put(("text", text))
-                    if hit or looped:
-                        reason = "stop"
-            if reason is not None:
-                stream.close()  # ends the generation and releases the slot's generator
-                self._done(run, None if reason == "end" else reason)
+                    break
+                run.tokens += len(ev.token_ids)
+                if ev.logprobs:  # (every token generated, up to the one that completes a stop string)
+                    ticket.put(("logprobs", ev.logprobs))
+                text, hit = run.stop.push(ev.text)
+                looped = run.watch is not None and run.watch.push(text)  # a held answer is read whole at the end
+                if text and run.watch is None:
+                    ticket.put(("text", text))
+                if hit or looped:
+                    reason = "stop"
+            stream.close()  # ends the generation and releases the slot's generator
+            self._done(run, None if reason == "end" else reason)
         except Exception as exc:  # reported to the client as a 500 without a traceback; logged in full
             log.exception("generation failed")
             stream.close()
             self.metrics.finished("error", len(stream.prompt_ids))
             self._release(run)
             ticket.put(("error", exc))
+
+    def _batch(self, runs: list[Run]) -> None:
+        """The target passes the running requests announced, run as one (BatchedPasses) where two or more can:
+        each request then verifies its round on the rows it would have got alone. A failure leaves each request
+        to run its own pass."""
+        batch = self.batch
+        needs = [r.need for r in runs if r.need is not None and r in self._runs]
+        needs = [n for n in needs if batch.fits(n.lm, n.ids, n.keep, n.options)]
+        if len(needs) < 2:
+            return
+        try:
+            for at in range(0, len(needs), batch.slots):
+                if len(needs) - at >= 2:
+                    batch.run(needs[at:at + batch.slots])
+        except Exception:  # (the caches' valid lengths move only after a pass succeeded)
+            log.exception("a batched target pass failed; the requests run their own passes")
+            for need in needs:
+                need.rows = None
 
     def _done(self, run: Run, reason: str | None) -> None:
         ticket, stream, watch = run.ticket, run.ticket.stream, run.watch

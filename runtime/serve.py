@@ -242,9 +242,10 @@ def build_engine(bundle: str, drafter: str | None = None, num_draft_tokens: int 
                  provider: str = "cpu", threads: int | None = None, draft_window: int | None = 512,
                  draft_kv: str = "auto", max_queue: int = 32, parallel: int | str = "auto",
                  request_timeout: float = 600.0, model_id: str | None = None,
-                 default_max_tokens: int = 1024) -> Engine:
+                 default_max_tokens: int = 1024, batch: bool = True) -> Engine:
     """Check the server's settings, load the bundle and start its Engine (``serve``, and each replica of
-    ``ortspec.replicas``). ``drafter`` and ``num_draft_tokens`` left out (None) are the bundle's defaults."""
+    ``ortspec.replicas``). ``drafter`` and ``num_draft_tokens`` left out (None) are the bundle's defaults;
+    ``batch`` False runs each request's target pass on its own (Engine)."""
     from pathlib import Path
     if not is_int(max_queue, 0):
         raise ValueError(f"--max-queue must be an integer >= 0, got {max_queue!r}")
@@ -261,7 +262,8 @@ def build_engine(bundle: str, drafter: str | None = None, num_draft_tokens: int 
     if parallel == "auto":
         parallel = default_parallel(gen)
     engine = Engine(gen, model_id or Path(bundle).resolve().name, max_queue=max_queue, timeout_s=request_timeout,
-                    default_gamma=num_draft_tokens, default_max_tokens=default_max_tokens, parallel=parallel)
+                    default_gamma=num_draft_tokens, default_max_tokens=default_max_tokens, parallel=parallel,
+                    batch=batch)
     log.info("%d request(s) at once (--parallel), %d more may wait (--max-queue)", parallel, max_queue)
     return engine
 
@@ -270,7 +272,7 @@ def serve(bundle: str, host: str = "127.0.0.1", port: int = 8000, max_body: int 
           api_key: str | None = None, ready=None, **settings) -> None:
     """Load a bundle and serve it until interrupted. ``ready(url)`` is called once the socket listens;
     ``settings`` are ``build_engine``'s (drafter, num_draft_tokens, provider, threads, draft_window, draft_kv,
-    max_queue, parallel, request_timeout, model_id, default_max_tokens)."""
+    max_queue, parallel, request_timeout, model_id, default_max_tokens, batch)."""
     try:
         import uvicorn
         import starlette  # noqa: F401

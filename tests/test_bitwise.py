@@ -304,3 +304,72 @@ def test_a_row_invariant_target_fills_its_context_to_the_last_position(workdir, 
         assert np.array_equal(lm.forward(ids[at:at + 1])[0], whole[at])
     with pytest.raises(CacheOverflowError, match="exceed"):
         lm.forward([5])
+
+
+def _rows_seen(rows) -> tuple:
+    """What the verification rules can read of a pass's rows: the whole rows, and (where the graph's TopK brought
+    them) each row's top entries and normalizer."""
+    if isinstance(rows, np.ndarray):
+        return (rows.copy(),)
+    ids, values, bound = rows.top(4)
+    return rows.numpy().copy(), ids.copy(), values.copy(), bound.copy(), [rows.row_norm(i) for i in range(len(rows))]
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x == y if isinstance(x, list) else np.array_equal(x, y) for x, y in zip(a, b))
+
+
+BATCH_SIZES = ([1, 2, 3, 5], [1, 1, 1, 1], [4, 1], [2], [7, 3, 1])
+BATCH_OPTIONS = [PassOptions(True, 0, 0.0), PassOptions(True, 6, 1 / 0.7), PassOptions(False, 12, 1.0),
+                 PassOptions(True, 6, 2.0)]
+
+
+def batched_and_alone(lm: CausalLM, swap: bool = False, options: list = BATCH_OPTIONS) -> list[bool]:
+    """For each of BATCH_SIZES' passes (one per request, after contexts of different lengths): whether a request's
+    rows from one batched pass of four slots equal, bit for bit, those of its own ``forward_rows`` (whole rows,
+    top entries, normalizers), with the same cache afterwards (its tokens and the next pass's rows). ``swap``:
+    the negative control, a batch that hands two requests each other's feed."""
+    from ortspec.engine.batch import BatchedPasses
+    from ortspec.loop import PassNeed
+    batch = BatchedPasses(lm, 4)
+    verdicts = []
+    for trial, sizes in enumerate(BATCH_SIZES):
+        contexts = [[(11 + 37 * i + 7 * s + trial) % 120 for i in range(9 + 5 * s)] for s in range(len(sizes))]
+        feeds = [[(5 + 3 * j + s) % 120 for j in range(n)] for s, n in enumerate(sizes)]
+        alone, together = [lm.twin() for _ in sizes], [lm.twin() for _ in sizes]
+        for s, ctx in enumerate(contexts):
+            alone[s].prefill(ctx)
+            together[s].prefill(ctx)
+        want = [_rows_seen(a.forward_rows(f, keep=len(f), options=options[s]))
+                for s, (a, f) in enumerate(zip(alone, feeds))]
+        jobs = [PassNeed(t, f, len(f), options[s]) for s, (t, f) in enumerate(zip(together, feeds))]
+        if swap and len(jobs) > 1:
+            (jobs[0].ids, jobs[0].keep), (jobs[1].ids, jobs[1].keep) = (jobs[1].ids, jobs[1].keep), \
+                (jobs[0].ids, jobs[0].keep)
+        got = [_rows_seen(r) for r in batch.run(jobs)]
+        for s in range(len(sizes)):
+            ok = _same(want[s], got[s]) and alone[s].tokens == together[s].tokens and \
+                alone[s].canonical_length == together[s].canonical_length
+            nxt = [7, 9, 11]  # the keys and values the batched pass wrote: the next pass reads them
+            ok = ok and np.array_equal(alone[s].forward(nxt), together[s].forward(nxt))
+            verdicts.append(ok)
+    assert batch.passes == len(BATCH_SIZES)
+    return verdicts
+
+
+@pytest.mark.parametrize("kind", ["llama-fp32", "qwen2-int4", "qwen2-fp16", "gemma2-fp32", "llama-int4-kernel"])
+def test_a_batched_pass_gives_each_request_its_own_rows(kinds, kind):
+    """Several requests' passes as one (engine.batch: every slot's rows side by side, each slot's attention over
+    its own cache): each request's rows, top entries and normalizers carry the bits its own pass gives them, for
+    passes of one to seven positions, greedy and sampling options mixed, and its cache holds what its own pass
+    would have written — on row-invariant targets and on one left as its builder wrote it (its lone rows
+    re-fed as bitwise passes feed them; the batched graph is made row-invariant: there only bitwise requests are
+    promised their bits, a lone row of another request's own pass takes the single-row kernels)."""
+    options = [dataclasses.replace(o, bitwise=True) for o in BATCH_OPTIONS] if kind.endswith("-kernel") \
+        else BATCH_OPTIONS
+    assert all(batched_and_alone(target_lm(kinds[kind]), options=options))
+
+
+def test_negative_control_a_batch_that_mixes_up_requests_is_caught(kinds):
+    verdicts = batched_and_alone(target_lm(kinds["llama-fp32"]), swap=True)
+    assert not all(verdicts) and sum(verdicts) >= len(verdicts) - 2 * (len(BATCH_SIZES) - 1)

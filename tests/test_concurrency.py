@@ -13,6 +13,7 @@ pytest.importorskip("starlette")
 
 from ortspec import SpeculativeGenerator  # noqa: E402
 from ortspec.exactness import wrong_verify  # noqa: E402
+from ortspec.loop import PassNeed  # noqa: E402
 from ortspec.scheduler import Engine, default_parallel  # noqa: E402
 from ortspec.wire import parse_request  # noqa: E402
 from stats_util import ALPHA, chi_square_p  # noqa: E402
@@ -131,7 +132,8 @@ def test_a_short_request_ends_while_a_long_one_runs_and_waits_without_slots(gen)
 
 def test_every_greedy_answer_is_its_alone_answer_under_interleaving(gen):
     """Four slots, six requests of different lengths and prompts at once (two wait for a slot): each answer's
-    ids are the ones it gets alone, and later requests reuse what earlier ones left in the slots."""
+    ids are the ones it gets alone — most of their target passes run batched, several requests' rows in one
+    pass — and later requests reuse what earlier ones left in the slots."""
     prompts = [[1 + i, 17, 40 + 3 * i, 2, 9][: 3 + i % 3] for i in range(6)]
     lengths = [40, 12, 25, 7, 33, 18]
     wants = [alone(gen, p, n) for p, n in zip(prompts, lengths)]
@@ -141,7 +143,9 @@ def test_every_greedy_answer_is_its_alone_answer_under_interleaving(gen):
         try:
             clients = [Client(engine, p, n) for p, n in zip(prompts, lengths)]
             assert engine.health()["waiting"] + engine.running == 6
-            return [await c.finish() for c in clients]
+            done = [await c.finish() for c in clients]
+            assert engine.batch.passes >= 10  # (rounds of several requests rode one target pass)
+            return done
         finally:
             engine.close()
 
@@ -274,7 +278,7 @@ def concurrent_counts(bundle, sampling: dict, wrong: bool) -> tuple[np.ndarray, 
         g.sampled_verify = wrong_verify
     V = g.vocab_size
     counts = np.zeros((V, V, V), dtype=np.int64)
-    totals = [0, 0]
+    totals = [0, 0, 0]
 
     async def scene():
         engine = Engine(g, "law", parallel=3, max_queue=N_SAMPLED)
@@ -287,15 +291,18 @@ def concurrent_counts(bundle, sampling: dict, wrong: bool) -> tuple[np.ndarray, 
                     counts[tuple(c.ids[:3])] += 1
                     totals[0] += c.outcome.stats["drafted"]
                     totals[1] += c.outcome.stats["accepted"]
+            totals[2] = engine.batch.passes
         finally:
             engine.close()
 
     asyncio.run(scene())
+    assert totals[2] >= N_SAMPLED // 10  # (rounds after the first verified on rows of batched passes)
     return counts, totals[0], totals[1]
 
 
 def test_sampled_answers_under_concurrency_follow_the_target_law(small_bundle):
-    """3,000 seeded sampled requests with drafts of 3, three slots interleaving: the first three tokens follow
+    """3,000 seeded sampled requests with drafts of 3, three slots interleaving, their target passes batched
+    (several requests' rows in one pass): the first three tokens follow
     the exact target-only distribution (pooled chi-square); a wrong verifier (resampling from p instead of
     the residual) run the same way is caught."""
     sampling = dict(temperature=0.7)
@@ -317,14 +324,17 @@ def test_parallel_flag_is_checked():
 
 
 def test_a_pausing_stream_pauses_before_each_target_pass_but_the_first(gen):
-    """The scheduler's streams (adopt(..., pauses=True)) yield None between a round's drafts and its target pass
-    from the second round on; their ids are the plain stream's."""
+    """The scheduler's streams (adopt(..., pauses=True)) pause between a round's drafts and its target pass from
+    the second round on, announcing the pass (loop.PassNeed: the ids a forward_rows would feed); their ids are
+    the plain stream's."""
     kw = dict(input_ids=[3, 4, 5], max_new_tokens=20, do_sample=False, eos_token_id=[])
     plain = [t for ev in gen.stream(**kw) for t in ev.token_ids]
     items = list(gen.adopt(gen.stream(**kw), pauses=True))
-    assert items[0] is not None and items.count(None) >= 2
-    assert all(not (a is None and b is None) for a, b in zip(items, items[1:]))  # one pause per round
-    assert [t for ev in items if ev is not None for t in ev.token_ids] == plain
+    pauses = [isinstance(x, PassNeed) for x in items]
+    assert not pauses[0] and sum(pauses) >= 2 and None not in items  # (a short prompt: no chunk pauses)
+    assert all(not (a and b) for a, b in zip(pauses, pauses[1:]))  # one pause per round
+    assert all(x.lm is gen.target and x.keep >= 1 and x.rows is None for x in items if isinstance(x, PassNeed))
+    assert [t for ev in items if not isinstance(ev, PassNeed) for t in ev.token_ids] == plain
 
 
 def test_a_long_prompt_is_read_in_steps_while_a_short_request_runs(gen):

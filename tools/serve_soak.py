@@ -451,6 +451,9 @@ def run_load(args) -> int:
     counts = [int(c) for c in args.load.split(",")]
     servers = [("ortspec serve --parallel 1", ["--parallel", "1"]),
                (f"ortspec serve --parallel {args.parallel}", ["--parallel", str(args.parallel)])]
+    if args.unbatched:
+        servers.append((f"ortspec serve --parallel {args.parallel} --no-batch",
+                        ["--parallel", str(args.parallel), "--no-batch"]))
     if args.llama_server:
         servers.append((f"llama-server -np {args.parallel}", None))
     rows, probes = [], {}
@@ -513,6 +516,8 @@ def main() -> int:
                               "one-at-a-time server and llama.cpp's server")
     g.add_argument("--load", metavar="COUNTS", help="client counts to run, e.g. 1,2,4,8 (instead of the soak)")
     g.add_argument("--parallel", type=int, default=4, help="slots of the concurrent servers (default 4)")
+    g.add_argument("--unbatched", action="store_true",
+                   help="also run ortspec --parallel N --no-batch (each request's target pass on its own)")
     g.add_argument("--requests-each", type=int, default=4, help="requests per client (default 4)")
     g.add_argument("--short", type=int, default=16, help="max_tokens of the short requests (default 16)")
     g.add_argument("--long", type=int, default=128, help="max_tokens of the long requests (default 128)")

@@ -2,6 +2,7 @@
 rows) over its KV cache (engine.cache: buffers and valid length)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -235,6 +236,13 @@ class CausalLM:
         return self._forward(ids, keep, options, ROUND if self.graph.lazy_reads(options) else REUSED)
 
     def _forward(self, ids: Sequence[int], keep: int | None, options: PassOptions, reading: Reading):
+        plan = self.plan_feed(ids, keep, options)
+        rows = self._feed(plan.feed, plan.first, plan.keep + plan.pad, options, reading)
+        return self.fed(plan, rows)
+
+    def plan_feed(self, ids: Sequence[int], keep: int | None, options: PassOptions) -> "Feed":
+        """What ``forward(ids, keep)`` feeds (a bitwise feed's re-fed token or throwaway position), with room
+        reserved for it; ValueError / CacheOverflowError for a feed that cannot run. Nothing is run."""
         ids = [int(t) for t in ids]
         n = len(ids)
         if not n:
@@ -254,10 +262,22 @@ class CausalLM:
         first = start - lead
         feed = self.tokens[first:start] + ids + ids[-1:] * pad
         self.reserve(first + len(feed))
-        rows = self._feed(feed, first, keep + pad, options, reading)
-        # Commit only after every pass succeeded (a failed run leaves the valid prefix as it was).
-        self.cache.advance(start, ids)
-        return rows[:keep] if pad else rows
+        return Feed(ids, start, first, feed, keep, pad)
+
+    def fed(self, plan: "Feed", rows):
+        """After the passes of a planned feed ran (``rows``: the logits of its last ``keep + pad`` positions): the
+        fed tokens are valid; the caller's rows. Commit only after every pass succeeded (a failed run leaves the
+        valid prefix as it was)."""
+        self.cache.advance(plan.start, plan.ids)
+        return rows[:plan.keep] if plan.pad else rows
+
+    def kept_rows(self, n: int, rows: int, options: PassOptions) -> int:
+        """Rows a pass of ``n`` positions keeps when its caller reads the last ``rows``: a bitwise pass's output
+        layer avoids a lone row too."""
+        kept = min(rows, n)
+        if options.bitwise and self.row_tile and kept % self.row_tile == 1:
+            kept += 1
+        return kept
 
     def new_round(self) -> None:
         """A decoding round begins: nothing read from earlier passes' rows (``forward_rows``) is read any more,
@@ -285,9 +305,7 @@ class CausalLM:
         n = len(feed)
         tile = self.row_tile if options.bitwise else 0
         if n <= self.CHUNK:  # one pass (every decoding round)
-            kept = min(rows, n)
-            if tile and kept % tile == 1:
-                kept += 1  # the output layer avoids a lone row too
+            kept = self.kept_rows(n, rows, options)
             logits = self._pass(feed, first, min(n, kept), options, reading)
             return logits if kept == rows else logits[-rows:]
         bounds = pass_bounds(n, self.CHUNK, tile)
@@ -311,14 +329,20 @@ class CausalLM:
     def _pass(self, ids: list[int], start: int, keep: int, options: PassOptions, reading: Reading) -> np.ndarray:
         """One graph run over ``ids`` at ``start``; float32 logits of its last ``keep`` positions."""
         logits = self.graph.run(self.cache, ids, start, keep, options, reading)
-        if len(ids) % self.row_tile != 1:  # (every row of the pass took the path of its tile)
-            if start <= self.canonical_length:
-                self.canonical_length = start + len(ids)
-        else:
-            self.canonical_length = min(self.canonical_length, start)
+        self.passed(start, len(ids))
         if isinstance(logits, (DeviceRows, TopRows)):
             return logits
         return self.widen(logits)
+
+    def passed(self, start: int, n: int, tile: int | None = None) -> None:
+        """A pass of ``n`` positions from ``start`` ran (on kernels of ``tile`` rows: the model's row tile unless
+        given): the leading positions whose keys and values all came from rows on their tile's path
+        (``canonical_length``)."""
+        if n % (tile or self.row_tile) != 1 or tile == 1:  # (every row of the pass took the path of its tile)
+            if start <= self.canonical_length:
+                self.canonical_length = start + n
+        else:
+            self.canonical_length = min(self.canonical_length, start)
 
     def widen(self, logits: np.ndarray) -> np.ndarray:
         """Rows of the graph's width as rows over the whole vocabulary (``Columns.widen``)."""
@@ -345,6 +369,20 @@ class CausalLM:
     @rows_copied.setter
     def rows_copied(self, value: int) -> None:
         self.row_counts.copied = value
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One planned feed (``CausalLM.plan_feed``): the caller's ``ids`` after the valid ``start``; what runs —
+    ``feed`` from position ``first`` (a re-fed token before them, or a throwaway position after: ``pad``); the
+    rows the caller reads (``keep``)."""
+
+    ids: list
+    start: int
+    first: int
+    feed: list
+    keep: int
+    pad: int
 
 
 def pass_bounds(n: int, size: int, tile: int = 0) -> list[int]:

@@ -63,6 +63,7 @@ class Graph:
         self.spec = spec
         self.device = "cuda" if provider == "cuda" else "cpu"
         self.providers = providers_for(provider)
+        self.threads, self.thread_pool, self.model_path = threads, thread_pool, model_path
         so = session_options(threads, thread_pool)
         if profile:  # onnxruntime's profiler, to a file named from this prefix (session.end_profiling())
             so.enable_profiling, so.profile_file_prefix = True, profile
@@ -144,7 +145,7 @@ class Graph:
         spec = self.spec
         feed, rows = self._feed_small(sb, ids, total, keep)
         b = sb.io
-        k = self._top_width(options, reading) if spec.top_logits else 0
+        k = self.top_width(options, reading) if spec.top_logits else 0
         put = feed["put"]
         if k:
             put["top_k"][0] = k
@@ -241,7 +242,7 @@ class Graph:
         b.bind_output(spec.logits, self.device if reading.lazy else "cpu", 0)
         for name in layout.outputs:
             b.bind_output(name, self.device, 0)
-        k = self._top_width(options, reading) if spec.top_logits else 0
+        k = self.top_width(options, reading) if spec.top_logits else 0
         top = None  # (an earlier release's graph has no top entries: DeviceRows then runs its own TopK)
         if k:  # bound last: outputs come back in bind order
             b.bind_cpu_input(spec.top_logits["k"], np.array([k], dtype=np.int64))
@@ -264,7 +265,7 @@ class Graph:
         return logits.astype(np.float32), present
 
     # -- output binding ------------------------------------------------------
-    def _top_width(self, options: PassOptions, reading: Reading) -> int:
+    def top_width(self, options: PassOptions, reading: Reading) -> int:
         """Top entries a pass brings back per row: ``top_k`` in decoding passes, else 1 (the graph's TopK input
         must be fed; one entry is the cheapest)."""
         return max(1, min(options.top_k if reading.lazy and self.top_rows else 1, self.spec.vocab_size))

@@ -66,12 +66,15 @@ def alone(gen: SpeculativeGenerator, prompt: list[int], max_tokens: int, **kw) -
 
 
 def together_and_alone(gen: SpeculativeGenerator, prompts: list[list[int]], max_tokens: int, parallel: int = 4):
-    """Greedy ids of ``prompts`` all sent at once to an Engine of ``parallel`` slots, and of each run alone."""
+    """Greedy ids of ``prompts`` all sent at once to an Engine of ``parallel`` slots (their target passes
+    batched), and of each run alone."""
     async def scene():
         engine = engine_for(gen, parallel)
         try:
             clients = [Client(engine, p, max_tokens) for p in prompts]
-            return [(await c.finish()).ids for c in clients]
+            ids = [(await c.finish()).ids for c in clients]
+            assert engine.batch.passes > 0  # (their rounds rode batched target passes)
+            return ids
         finally:
             engine.close()
 

@@ -11,7 +11,7 @@ import numpy as np
 from .config import SpeculationConfig
 from .control import acceptance_mode, make_controller
 from .drafting import Draft, NoDrafter, PredictionDrafter, PromptLookupDrafter, common_prefix
-from .engine import PassOptions
+from .engine import PassNeed, PassOptions
 from .errors import DraftBugWarning, DraftFailedWarning, OrtspecError
 from .logprobs import token_logprob
 from .results import Event, Stats
@@ -58,19 +58,6 @@ class Round:
     reason: str | None = None                 # "eos" | "length" once the request is over
     logprobs: list | None = None              # one TokenLogprob per committed token, where asked for
     before: list | None = None                # strict: the committed tokens before it
-
-
-@dataclass(eq=False)
-class PassNeed:
-    """A round's target pass, announced at a scheduler's pause (``Request.pauses``): ``forward_rows(ids, keep,
-    options)`` on ``lm``. A scheduler may run it, with other requests' passes in one (engine.batch), and leave
-    its rows in ``rows``; else the round runs it itself."""
-
-    lm: object
-    ids: list
-    keep: int
-    options: PassOptions
-    rows: object = None
 
 
 class DecodeLoop:
@@ -238,8 +225,8 @@ class DecodeLoop:
         """One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma + 1 rows, verified left to right:
         the next token is a correction or the bonus. The rows of a pass a scheduler ran already come in ``need``."""
         tokens = r.draft.tokens
-        if need is not None and need.rows is not None:
-            rows = need.rows
+        if need is not None:
+            rows = need.result()
         else:
             rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1,
                                             options=self.passes)

@@ -15,10 +15,10 @@ import time
 from .checks import is_int
 from .constrain import ConstraintError
 from .drafting import common_prefix
-from .errors import OrtspecError
+from .engine import PassNeed
 from .engine.batch import BatchedPasses, batch_refusal
+from .errors import OrtspecError
 from .generator import SpeculativeGenerator
-from .loop import PassNeed
 from .metrics import Metrics
 from .results import Stats
 from .tools import CallWatch, held_format, tool_style
@@ -88,7 +88,7 @@ class Run:
         self.ticket, self.slot = ticket, slot
         self.stop, self.watch = StopText(ticket.job.stop), _call_watch(ticket.job)
         self.tokens, self.t0 = 0, time.perf_counter()
-        self.need = None  # the target pass its last pause announced (loop.PassNeed)
+        self.need = None  # the target pass its last pause announced (engine.PassNeed)
 
 
 class Engine:

@@ -330,7 +330,7 @@ def batched_and_alone(lm: CausalLM, swap: bool = False, options: list = BATCH_OP
     top entries, normalizers), with the same cache afterwards (its tokens and the next pass's rows). ``swap``:
     the negative control, a batch that hands two requests each other's feed."""
     from ortspec.engine.batch import BatchedPasses
-    from ortspec.loop import PassNeed
+    from ortspec.engine import PassNeed
     batch = BatchedPasses(lm, 4)
     verdicts = []
     for trial, sizes in enumerate(BATCH_SIZES):

@@ -13,7 +13,7 @@ pytest.importorskip("starlette")
 
 from ortspec import SpeculativeGenerator  # noqa: E402
 from ortspec.exactness import wrong_verify  # noqa: E402
-from ortspec.loop import PassNeed  # noqa: E402
+from ortspec.engine import PassNeed  # noqa: E402
 from ortspec.scheduler import Engine, default_parallel  # noqa: E402
 from ortspec.wire import parse_request  # noqa: E402
 from stats_util import ALPHA, chi_square_p  # noqa: E402
@@ -328,7 +328,7 @@ def test_parallel_flag_is_checked():
 
 def test_a_pausing_stream_pauses_before_each_target_pass_but_the_first(gen):
     """The scheduler's streams (adopt(..., pauses=True)) pause between a round's drafts and its target pass from
-    the second round on, announcing the pass (loop.PassNeed: the ids a forward_rows would feed); their ids are
+    the second round on, announcing the pass (engine.PassNeed: the ids a forward_rows would feed); their ids are
     the plain stream's."""
     kw = dict(input_ids=[3, 4, 5], max_new_tokens=20, do_sample=False, eos_token_id=[])
     plain = [t for ev in gen.stream(**kw) for t in ev.token_ids]
@@ -336,7 +336,7 @@ def test_a_pausing_stream_pauses_before_each_target_pass_but_the_first(gen):
     pauses = [isinstance(x, PassNeed) for x in items]
     assert not pauses[0] and sum(pauses) >= 2 and None not in items  # (a short prompt: no chunk pauses)
     assert all(not (a and b) for a, b in zip(pauses, pauses[1:]))  # one pause per round
-    assert all(x.lm is gen.target and x.keep >= 1 and x.rows is None for x in items if isinstance(x, PassNeed))
+    assert all(x.lm is gen.target and x.keep >= 1 and x.rows is not None for x in items if isinstance(x, PassNeed))
     assert [t for ev in items if not isinstance(ev, PassNeed) for t in ev.token_ids] == plain
 
 

@@ -2,7 +2,7 @@
 KV cache (buffers and valid length) and the rows its passes hand out."""
 from .graphs import kv_trim_graph, topk_graph
 from .cache import GrowingCache, KVLayout, StaticCache
-from .lm import CausalLM, pass_bounds
+from .lm import CausalLM, PassNeed, pass_bounds
 from .passes import PLAIN, Graph, PassOptions, Reading
 from .rows import DeviceRows, PassRow, TopRows
 from .session import (GPU_INSTALL, LOGITS_PLACES, PROVIDERS, THREAD_POOLS, check_thread_pool, installed_builds,
@@ -10,7 +10,7 @@ from .session import (GPU_INSTALL, LOGITS_PLACES, PROVIDERS, THREAD_POOLS, check
 from .slots import HostSlot, HostSlots
 
 __all__ = [
-    "CausalLM", "pass_bounds", "Graph", "PassOptions", "PLAIN", "Reading", "KVLayout", "StaticCache",
+    "CausalLM", "PassNeed", "pass_bounds", "Graph", "PassOptions", "PLAIN", "Reading", "KVLayout", "StaticCache",
     "GrowingCache", "DeviceRows", "PassRow", "TopRows", "HostSlot", "HostSlots", "kv_trim_graph", "topk_graph",
     "GPU_INSTALL", "LOGITS_PLACES", "PROVIDERS", "THREAD_POOLS", "check_thread_pool", "installed_builds",
     "providers_for", "session_options", "shared_thread_pool_active",

@@ -86,7 +86,7 @@ class BatchedPasses:
         return n <= lm.CHUNK and lm.length + n + 1 <= min(lm.spec.max_positions, lm.capacity + 1)
 
     def run(self, jobs: list) -> list:
-        """Run the passes ``jobs`` ask for (each a loop.PassNeed: lm, ids, keep, options) as one; each job's
+        """Run the passes ``jobs`` ask for (each an engine.PassNeed: lm, ids, keep, options) as one; each job's
         ``rows`` is then what ``lm.forward_rows(ids, keep, options)`` would have returned, and each lm's cache
         as that call would have left it. At most ``slots`` jobs, on distinct caches."""
         if not 1 <= len(jobs) <= self.slots:

@@ -385,6 +385,25 @@ class Feed:
     pad: int
 
 
+@dataclass(eq=False)
+class PassNeed:
+    """A round's target pass, announced at a scheduler's pause (``Request.pauses``): ``forward_rows(ids, keep,
+    options)`` on ``lm``. A scheduler may run it, with other requests' passes in one (engine.batch), and leave
+    its rows in ``rows``; else the round runs it itself (``result``)."""
+
+    lm: "CausalLM"
+    ids: list
+    keep: int
+    options: PassOptions
+    rows: object = None
+
+    def result(self):
+        """The rows: the scheduler's, or this pass run now."""
+        if self.rows is None:
+            self.rows = self.lm.forward_rows(self.ids, keep=self.keep, options=self.options)
+        return self.rows
+
+
 def pass_bounds(n: int, size: int, tile: int = 0) -> list[int]:
     """Offsets splitting ``n`` positions into passes of at most ``size`` (a multiple of ``tile``); with a
     ``tile``, a last pass of tile * k + 1 positions borrows one from the pass before it."""

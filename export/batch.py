@@ -5,7 +5,8 @@ A fused graph is per-row everywhere but in its attention: the matrices, norms an
 read another row. ``make_batched`` keeps all of that as it is, over the rows of every slot concatenated
 ([1, rows, ...] as before), and gives each GroupQueryAttention one copy per slot: slot ``b`` reads its rows
 (``slot_bounds[b]`` to ``slot_bounds[b + 1]``), its own past keys and values (``past_key_values.L.key@b``), its
-own lengths (``seqlens_k@b``, ``total_sequence_length@b``), and writes its own present ones. The weights are
+own lengths (``seqlens_k@b``, ``total_sequence_length@b``), and writes its own present ones. The output layer
+reads the rows ``kept_rows`` names (each slot's last few; ``logits_to_keep`` is their count). The weights are
 read once for every slot's rows: a decoding pass, bandwidth-bound at one row, costs little more at several.
 
 Each row gets the bits it gets alone. The graph is made row-invariant first (export.rows: each attention with one
@@ -18,10 +19,12 @@ named ``batch/...``.
 """
 from __future__ import annotations
 
+from .names import KEEP_INPUT
 from .rows import ROWS_PREFIX as _ROWS, is_row_invariant, rewrite_rows
 
 BATCH_KEY = "ortspec.batch"       # graph metadata: the slot count
 BOUNDS = "slot_bounds"            # int64 [slots + 1]: where each slot's rows start, and the last one's end
+KEPT = "kept_rows"                # int64 [kept]: the rows whose logits the pass returns (each slot's last few)
 _P = "batch/"
 
 
@@ -63,6 +66,12 @@ def make_batched(model, slots: int, seqlens: str = "seqlens_k", total: str = "to
 
     dropped: set[int] = set()
     replaced: dict[int, list] = {}
+    # the output layer reads the rows asked for, each slot's last few, not the last rows of the whole pass
+    negs = {n.output[0] for n in graph.node if n.op_type == "Neg" and list(n.input) == [KEEP_INPUT]}
+    keep_cut = next((n for n in graph.node if n.op_type == "Slice" and len(n.input) > 1 and n.input[1] in negs),
+                    None)
+    if keep_cut is not None:
+        replaced[id(keep_cut)] = [node("Gather", [keep_cut.input[0], KEPT], [keep_cut.output[0]], axis=1)]
     kv_in, kv_out = [], []
     for node_ in graph.node:
         if node_.op_type != "GroupQueryAttention":
@@ -120,6 +129,8 @@ def make_batched(model, slots: int, seqlens: str = "seqlens_k", total: str = "to
                 copy.name = slot_name(i.name, b)
                 inputs.append(copy)
     inputs.append(helper.make_tensor_value_info(BOUNDS, TensorProto.INT64, [slots + 1]))
+    if keep_cut is not None:
+        inputs.append(helper.make_tensor_value_info(KEPT, TensorProto.INT64, ["kept_rows"]))
     outputs = [o for o in graph.output if o.name not in set(kv_out)]
     for b in range(slots):
         for o in graph.output:

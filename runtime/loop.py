@@ -118,7 +118,7 @@ class DecodeLoop:
             r = self.plan()
             self.propose(r)
             need = None
-            if self.req.pauses and self.stats.rounds:  # (the first round, the prompt's, runs whole)
+            if self.req.pauses:  # (the first round's pass too: the prompt's rest, which rides with the others')
                 need = PassNeed(self.target, self.committed[self.target.length:] + r.draft.tokens,
                                 len(r.draft.tokens) + 1, self.passes)
                 yield need

@@ -22,7 +22,8 @@ class Request:
     seed: int | None
     strict: bool
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
-    pauses: bool = False  # Nones where a scheduler may run another request: a long prompt's chunks, before a pass
+    # where a scheduler may run another request: None (a long prompt's chunks), a PassNeed (before a round's pass)
+    pauses: bool = False
     constraint: Constraint | None = None  # structured output: the mask every row is read through
     logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives
     prediction: tuple[int, ...] = ()  # the predicted output's token ids (OpenAI's Predicted Outputs): free drafts

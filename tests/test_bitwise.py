@@ -319,14 +319,14 @@ def _same(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(x == y if isinstance(x, list) else np.array_equal(x, y) for x, y in zip(a, b))
 
 
-BATCH_SIZES = ([1, 2, 3, 5], [1, 1, 1, 1], [4, 1], [2], [7, 3, 1])
+BATCH_SIZES = ([1, 2, 3, 5], [1, 1, 1, 1], [4, 1], [2], [7, 3, 1], [2, 40, 1, 9])
 BATCH_OPTIONS = [PassOptions(True, 0, 0.0), PassOptions(True, 6, 1 / 0.7), PassOptions(False, 12, 1.0),
                  PassOptions(True, 6, 2.0)]
 
 
 def batched_and_alone(lm: CausalLM, swap: bool = False, options: list = BATCH_OPTIONS) -> list[bool]:
-    """For each of BATCH_SIZES' passes (one per request, after contexts of different lengths): whether a request's
-    rows from one batched pass of four slots equal, bit for bit, those of its own ``forward_rows`` (whole rows,
+    """For each of BATCH_SIZES' passes (one per request, after contexts of different lengths; every other request
+    reads its last row only): whether a request's rows from one batched pass of four slots equal, bit for bit, those of its own ``forward_rows`` (whole rows,
     top entries, normalizers), with the same cache afterwards (its tokens and the next pass's rows). ``swap``:
     the negative control, a batch that hands two requests each other's feed."""
     from ortspec.engine.batch import BatchedPasses
@@ -340,9 +340,10 @@ def batched_and_alone(lm: CausalLM, swap: bool = False, options: list = BATCH_OP
         for s, ctx in enumerate(contexts):
             alone[s].prefill(ctx)
             together[s].prefill(ctx)
-        want = [_rows_seen(a.forward_rows(f, keep=len(f), options=options[s]))
+        keeps = [len(f) if s % 2 == 0 else 1 for s, f in enumerate(feeds)]  # (a prompt's rest keeps its last row)
+        want = [_rows_seen(a.forward_rows(f, keep=keeps[s], options=options[s]))
                 for s, (a, f) in enumerate(zip(alone, feeds))]
-        jobs = [PassNeed(t, f, len(f), options[s]) for s, (t, f) in enumerate(zip(together, feeds))]
+        jobs = [PassNeed(t, f, keeps[s], options[s]) for s, (t, f) in enumerate(zip(together, feeds))]
         if swap and len(jobs) > 1:
             (jobs[0].ids, jobs[0].keep), (jobs[1].ids, jobs[1].keep) = (jobs[1].ids, jobs[1].keep), \
                 (jobs[0].ids, jobs[0].keep)

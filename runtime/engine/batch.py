@@ -55,7 +55,7 @@ class BatchedPasses:
             import onnx
         except ImportError:
             raise ModelRunError(NEEDS_ONNX) from None
-        from ..export.batch import BOUNDS, make_batched, slot_name
+        from ..export.batch import BOUNDS, KEPT, make_batched, slot_name
         spec, graph = lm.spec, lm.graph
         self.spec, self.slots, self.bounds_name, self.slot_name = spec, int(slots), BOUNDS, slot_name
         path = graph.model_path
@@ -70,6 +70,8 @@ class BatchedPasses:
         except Exception as exc:
             raise ModelRunError(f"onnxruntime cannot load the batched graph of {path}: {exc}") from None
         self.layout = graph.layout
+        names = {i.name for i in self.session.get_inputs()}
+        self.kept_name = KEPT if KEPT in names else None  # (a graph without logits_to_keep returns every row)
         self.spare = self.layout.buffers(4)  # a slot without rows attends to its zero row over these
         self.width = spec.vocab_size
         self.dtype = np.dtype(np.float32 if spec.dtype == "float32" else np.float16)
@@ -103,19 +105,27 @@ class BatchedPasses:
             widths.append(lm.graph.top_width(job.options, ROUND) if self.spec.top_logits else 0)
         sizes = [len(p.feed) for p in plans]
         total_rows = sum(sizes)
+        # the rows whose logits come back: each slot's last ``keep`` (all rows, with a graph that keeps no fewer)
+        if self.kept_name is None:
+            kept = list(sizes)
+        starts = np.cumsum([0] + sizes[:-1])
+        index = np.concatenate([np.arange(a + n - k_b, a + n) for a, n, k_b in zip(starts, sizes, kept)])
+        out_rows = len(index)
         k = max(widths) if widths else 0
-        logits, values, cols, norms, scales = self._outputs(total_rows, k)
+        logits, values, cols, norms, scales = self._outputs(out_rows, k)
         b = self.session.io_binding()
         ids = np.fromiter((t for p in plans for t in p.feed), np.int64, total_rows).reshape(1, total_rows)
         bounds = np.zeros(self.slots + 1, np.int64)
         bounds[1:len(sizes) + 1] = np.cumsum(sizes)
         bounds[len(sizes) + 1:] = total_rows
         spec, name = self.spec, self.slot_name
-        keep_all = np.array([total_rows], np.int64)
         b.bind_cpu_input(spec.input_ids, ids)
         b.bind_cpu_input(self.bounds_name, bounds)
+        count = np.array([out_rows], np.int64)
         if spec.logits_to_keep is not None:
-            b.bind_cpu_input(spec.logits_to_keep, keep_all)
+            b.bind_cpu_input(spec.logits_to_keep, count if self.kept_name else np.array([total_rows], np.int64))
+        if self.kept_name is not None:
+            b.bind_cpu_input(self.kept_name, index)
         small = []  # (kept alive until the run returns)
         for slot in range(self.slots):
             if slot < len(plans):
@@ -130,21 +140,21 @@ class BatchedPasses:
             for n_in, n_out, value in zip(self.layout.inputs, self.layout.outputs, past):
                 b.bind_ortvalue_input(name(n_in, slot), value)
                 b.bind_ortvalue_output(name(n_out, slot), value)
-        b.bind_output(spec.logits, "cpu", 0, self.dtype, [1, total_rows, self.width], logits.ctypes.data)
+        b.bind_output(spec.logits, "cpu", 0, self.dtype, [1, out_rows, self.width], logits.ctypes.data)
         if spec.top_logits:
             top = spec.top_logits
             k_arr = np.array([max(k, 1)], np.int64)
             small.append(k_arr)
             b.bind_cpu_input(top["k"], k_arr)
-            b.bind_output(top["values"], "cpu", 0, np.float32, [1, total_rows, max(k, 1)], values.ctypes.data)
-            b.bind_output(top["ids"], "cpu", 0, np.int64, [1, total_rows, max(k, 1)], cols.ctypes.data)
+            b.bind_output(top["values"], "cpu", 0, np.float32, [1, out_rows, max(k, 1)], values.ctypes.data)
+            b.bind_output(top["ids"], "cpu", 0, np.int64, [1, out_rows, max(k, 1)], cols.ctypes.data)
             if spec.logits_norm:
                 at = 0
-                for job, size in zip(jobs, sizes):
-                    scales[at:at + size] = job.options.norm_scale
-                    at += size
-                b.bind_cpu_input(spec.logits_norm["scale"], scales[:total_rows].reshape(1, total_rows, 1))
-                b.bind_output(spec.logits_norm["norm"], "cpu", 0, np.float32, [1, total_rows], norms.ctypes.data)
+                for job, keep in zip(jobs, kept):
+                    scales[at:at + keep] = job.options.norm_scale
+                    at += keep
+                b.bind_cpu_input(spec.logits_norm["scale"], scales[:out_rows].reshape(1, out_rows, 1))
+                b.bind_output(spec.logits_norm["norm"], "cpu", 0, np.float32, [1, out_rows], norms.ctypes.data)
         t0 = time.perf_counter()
         try:
             self.session.run_with_iobinding(b)
@@ -159,7 +169,7 @@ class BatchedPasses:
         for job, plan, size, keep, k_job in zip(jobs, plans, sizes, kept, widths):
             lm = job.lm
             lm.graph.run_time_s += elapsed * size / total_rows  # (each request's share of the pass)
-            lo, hi = at + size - keep, at + size
+            lo, hi = at, at + keep
             if lm.graph.lazy_reads(job.options):  # the rows as a decoding pass reads them: TopRows
                 slot = HostSlot(logits[lo * width:hi * width], _first_columns(values, kk, lo, hi, k_job),
                                 _first_columns(cols, kk, lo, hi, k_job), norms[lo:hi])
@@ -167,9 +177,11 @@ class BatchedPasses:
             else:
                 rows = logits[lo * width:hi * width].reshape(keep, width)
                 rows = lm.widen(rows if rows.dtype == np.float32 else rows.astype(np.float32))
+            if keep != plan.keep:  # (a graph that returns every row)
+                rows = rows[keep - plan.keep:]
             lm.passed(plan.first, size, tile=1)  # (every row on the path of a pass of many)
             job.rows = lm.fed(plan, rows)
-            at += size
+            at += keep
         return [job.rows for job in jobs]
 
     def _outputs(self, rows: int, k: int) -> tuple:

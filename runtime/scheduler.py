@@ -95,9 +95,9 @@ class Engine:
     """Runs up to ``parallel`` requests at once, each on a slot of its own (Slot: its own KV caches over shared
     sessions), interleaved on one worker thread. In each turn every running request takes one step — its
     round's target pass and the events it commits, then its next round's drafts, up to the pause before that
-    round's target pass (a request's first round pauses before its pass too, the rest of its prompt, after
-    the prompt's chunks of 128 positions, a step each, where it is long) — and then the target passes the
-    requests announced at those pauses run as one (engine.batch.BatchedPasses: every request's rows through the weights once, each request's attention
+    round's target pass (a request's first round is one step, after its prompt's chunks of 128 positions, a
+    step each, where it is long) — and then the target passes the requests announced at those pauses run as
+    one (engine.batch.BatchedPasses: every request's rows through the weights once, each request's attention
     over its own cache; ``batch`` False: each request runs its own). A request that arrives while others run
     opens the next turn, so its first token waits at most for the turn running then. A request whose prompt
     starts as one a slot holds (a free slot's, or a running one's: its held prompt stays put) feeds only the

@@ -326,16 +326,15 @@ def test_parallel_flag_is_checked():
             _parallel(bad)
 
 
-def test_a_pausing_stream_pauses_before_each_target_pass(gen):
-    """The scheduler's streams (adopt(..., pauses=True)) pause between a round's drafts and its target pass,
-    the first round's (the prompt) included, announcing the pass (engine.PassNeed: the ids a forward_rows would
-    feed); their ids are the plain stream's."""
+def test_a_pausing_stream_pauses_before_each_target_pass_but_the_first(gen):
+    """The scheduler's streams (adopt(..., pauses=True)) pause between a round's drafts and its target pass from
+    the second round on (the first, the prompt's, runs whole: its first token waits for nobody), announcing the
+    pass (engine.PassNeed: the ids a forward_rows would feed); their ids are the plain stream's."""
     kw = dict(input_ids=[3, 4, 5], max_new_tokens=20, do_sample=False, eos_token_id=[])
     plain = [t for ev in gen.stream(**kw) for t in ev.token_ids]
     items = list(gen.adopt(gen.stream(**kw), pauses=True))
     pauses = [isinstance(x, PassNeed) for x in items]
-    first = items[0].ids  # the prompt's rest (what the cache does not hold of it already)
-    assert pauses[0] and first and [3, 4, 5][-len(first):] == first and sum(pauses) >= 3 and None not in items
+    assert not pauses[0] and sum(pauses) >= 2 and None not in items  # (a short prompt: no chunk pauses)
     assert all(not (a and b) for a, b in zip(pauses, pauses[1:]))  # one pause per round
     assert all(x.lm is gen.target and x.keep >= 1 and x.rows is not None for x in items if isinstance(x, PassNeed))
     assert [t for ev in items if not isinstance(ev, PassNeed) for t in ev.token_ids] == plain

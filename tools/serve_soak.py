@@ -435,13 +435,13 @@ def start_llama_server(bin_dir: str, gguf: str, parallel: int, threads: int, ctx
 
 def load_table(rows: list[dict]) -> str:
     lines = [f"{'server':<34}{'clients':>8}{'tok/s':>8}{'x 1-at-a-time':>15}{'ttft p50':>10}{'ttft p95':>10}"
-             f"{'s/token p50':>13}{'p95':>8}{'total p95':>11}"]
+             f"{'s/token p50':>13}{'p95':>8}{'total p95':>11}{'RSS MB':>8}"]
     base = {r["clients"]: r["tokens_per_s"] for r in rows if r["server"].endswith("--parallel 1")}
     for r in rows:
         ratio = r["tokens_per_s"] / base[r["clients"]] if r["clients"] in base else float("nan")
         lines.append(f"{r['server']:<34}{r['clients']:>8}{r['tokens_per_s']:>8.1f}{ratio:>15.2f}"
                      f"{r['ttft_p50_s']:>10.2f}{r['ttft_p95_s']:>10.2f}{r['per_token_p50_s']:>13.3f}"
-                     f"{r['per_token_p95_s']:>8.3f}{r['total_p95_s']:>11.2f}")
+                     f"{r['per_token_p95_s']:>8.3f}{r['total_p95_s']:>11.2f}{r.get('rss_mb', float('nan')):>8.0f}")
     return "\n".join(lines)
 
 
@@ -473,7 +473,7 @@ def run_load(args) -> int:
             print(f"  short request's first token: {probes[name]}", file=sys.stderr)
             for c in counts:
                 r = load(url, model, c, args.requests_each, args.short, args.long)
-                r["server"] = name
+                r["server"], r["rss_mb"] = name, rss_mb(proc.pid)  # (the server's memory once the slots emptied)
                 rows.append(r)
                 print(f"  {c} clients: {r['tokens_per_s']:.1f} tok/s", file=sys.stderr)
         finally:

@@ -117,12 +117,11 @@ class DecodeLoop:
         while True:
             r = self.plan()
             self.propose(r)
-            need = None
+            need = PassNeed(self.target, self.committed[self.target.length:] + r.draft.tokens,
+                            len(r.draft.tokens) + 1, self.passes)
             if self.req.pauses and self.stats.rounds:  # (the first round, the prompt's, runs whole: its first token
                 # waits for nobody; riding the batch, it waited for a turn: 2.9x its time alone beside a long
                 # answer on the SmolLM2 pair, against 1.3x)
-                need = PassNeed(self.target, self.committed[self.target.length:] + r.draft.tokens,
-                                len(r.draft.tokens) + 1, self.passes)
                 yield need
             self.verify(r, need)
             self.commit(r)
@@ -223,15 +222,12 @@ class DecodeLoop:
         warnings.warn(f"{reason}; this request goes on with the target alone", category, stacklevel=2)
 
     # 3. verify ----------------------------------------------------------------
-    def verify(self, r: Round, need: PassNeed | None = None) -> None:
-        """One target pass over [unfed committed tokens, d_1..d_gamma] -> gamma + 1 rows, verified left to right:
-        the next token is a correction or the bonus. The rows of a pass a scheduler ran already come in ``need``."""
+    def verify(self, r: Round, need: PassNeed) -> None:
+        """The round's target pass (``need``: over [unfed committed tokens, d_1..d_gamma], run here unless a
+        scheduler ran it already) -> gamma + 1 rows, verified left to right: the next token is a correction or
+        the bonus."""
         tokens = r.draft.tokens
-        if need is not None:
-            rows = need.result()
-        else:
-            rows = self.target.forward_rows(self.committed[self.target.length:] + tokens, keep=len(tokens) + 1,
-                                            options=self.passes)
+        rows = need.result()
         # (strict checks and log-probabilities read the rows as the pass returned them: verification may rewrite
         # rows in place)
         r.raw = rows.copy() if self.req.strict or self.req.logprobs is not None else None

@@ -48,6 +48,7 @@ class Round:
     gamma: int = 0          # draft tokens planned
     paused: bool = False    # an auto gamma paused model drafting this round
     catching_up: bool = False  # the draft model reads a long stretch of context first (no step cost to time)
+    shared: bool = False    # its target pass rode a batch with other requests' (engine.batch)
     draft: Draft = field(default_factory=Draft.empty)
     counted: int = 0        # drafts that count as the drafter's (not a free guess)
     forced: int = 0         # drafts the constraint forced (free: no draft model step)
@@ -124,6 +125,8 @@ class DecodeLoop:
                 # answer on the SmolLM2 pair, against 1.3x)
                 yield need
             self.verify(r, need)
+            r.shared = need.crowd is not None
+            self.controller.crowd = need.crowd  # (the next round plans for the batch this pass rode, or alone)
             self.commit(r)
             self.account(r)
             verdict = r.verdict if r.counted else Verdict(0, r.verdict.next_token, False)
@@ -281,7 +284,7 @@ class DecodeLoop:
             stats.prediction_accepted += accepted
             stats.prediction_rejected += len(r.draft.tokens) - accepted
         self.controller.update(r.counted or r.forced, accepted, side=r.draft.side or bool(r.forced),
-                               prefill=r.catching_up, masses=r.masses)
+                               prefill=r.catching_up, masses=r.masses, shared=r.shared)
         if self.req.constraint is not None:
             stats.constraint_time_s = self.req.constraint.time_s
         if self.req.strict:

@@ -302,7 +302,7 @@ class Engine:
         except Exception:  # (the caches' valid lengths move only after a pass succeeded)
             log.exception("a batched target pass failed; the requests run their own passes")
             for need in needs:
-                need.rows = None
+                need.rows = need.crowd = None
 
     def _done(self, run: Run, reason: str | None) -> None:
         ticket, stream, watch = run.ticket, run.ticket.stream, run.watch

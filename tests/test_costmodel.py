@@ -599,3 +599,63 @@ def test_a_profile_belongs_to_the_machine_that_timed_it(tmp_path, monkeypatch):
             assert save_profile(tmp_path, "cpu", {"target_costs": [0.05, 0.06], "method": "rounds"})
             assert load_profile(tmp_path, "cpu")["target_costs"] == [0.05, 0.06]
     assert load_profile(tmp_path, "cpu")["target_costs"] == [0.01, 0.012]  # still this machine's
+
+
+# -- a request in a batch (engine.batch: PassCosts, Crowd) ---------------------------------------------------------
+
+def test_a_batched_pass_is_split_as_a_share_each_plus_the_rows_each_added():
+    from ortspec.engine.batch import PassCosts
+    costs = PassCosts()
+    for rows, seconds in ((4, 0.030), (8, 0.031), (12, 0.040)):
+        costs.learn(rows, seconds)
+    assert costs.estimate(8) == 0.031
+    assert costs.estimate(10) == pytest.approx(0.0355)   # between timed sizes: on their line
+    assert costs.estimate(2) == 0.030                     # below the smallest: that one's
+    assert costs.estimate(16) == pytest.approx(0.040 + 4 * 0.00125)  # past the largest: the least-squares slope
+    shares = costs.shares([1, 1, 1, 5], 0.031)            # a pass of 8 rows; one request brought 5
+    assert sum(shares) == pytest.approx(0.031)            # the parts add up to the pass
+    assert shares[0] == shares[1] == shares[2]
+    extra = costs.estimate(8) - costs.estimate(4)         # what its 4 rows past the first added
+    assert shares[3] - shares[0] == pytest.approx(extra)
+    assert costs.shares([2, 2], 0.010) == pytest.approx([0.005, 0.005])  # (noise: never a negative part)
+
+
+def test_a_request_in_a_batch_plans_for_the_batch_not_for_its_own_pass():
+    """Alone, a draft step of 0.3 target passes pays; in a batch of 4 whose pass costs little more at 4 rows
+    each than at 1 (each request's part 0.27 of a pass alone), a step every request waits for costs more than
+    a request's part of the pass: the controller stops drafting, without probes, and drafts again alone. Times
+    of the batched passes do not enter the request's own pass costs."""
+    from ortspec.engine.batch import PassCosts
+    target, draft = FakeLM(), FakeLM()
+    alone = [1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12, 1.14, 1.16]
+    ctl = AutoController(8, {"target_costs": alone, "draft_cost": 0.3, "alphas": [0.8] * 8}, target, draft)
+    batch = PassCosts()
+    for rows in range(4, 37, 4):
+        batch.learn(rows, 1.05 + 0.01 * rows)
+    crowd = batch.crowd(4, 9)
+    assert crowd.pass_costs[0] == pytest.approx(1.09 / 4)
+
+    def run(rounds, crowd):
+        seen = []
+        for _ in range(rounds):
+            ctl.crowd = crowd
+            g = ctl.choose()
+            seen.append(g)
+            target.run_time_s += crowd.pass_costs[g] if crowd else alone[g]
+            draft.run_time_s += 0.3 * g
+            ctl.update(g, g, shared=crowd is not None)
+        return seen
+    assert min(run(20, None)) >= 2
+    before = list(ctl.target_costs)
+    assert run(60, crowd) == [0] * 60        # no draft, no probe
+    assert ctl.target_costs == before         # (the batch's parts are no pass of its own)
+    assert min(run(5, None)) >= 2             # alone again: drafts at once
+
+
+def test_the_hybrid_drafter_does_not_probe_a_model_that_cannot_pay():
+    from ortspec.drafting import HybridDrafter
+    hybrid = HybridDrafter(SimpleNamespace(lm=None, source=None, window=None))
+    hybrid.set_costs([1.0, 1.02, 1.04, 1.06, 1.08], 0.3)
+    assert hybrid._may_pay(4)
+    hybrid.set_costs([0.27, 0.28, 0.29, 0.30, 0.31], 0.3)  # a request's part of a batched pass, a step alone
+    assert not hybrid._may_pay(4)

@@ -59,15 +59,18 @@ class Controller:
     reads_masses = False  # learns acceptance from sum_x min(p, q) when sampling
     rounds = 0            # rounds it has learned from
     draft_cost: float | None = None  # the draft step's cost as timed online (or the profile's)
+    crowd = None  # the batch the request's last target pass rode with (engine.batch.Crowd, set by the loop), or None
 
     def choose(self) -> int:
         """The number of tokens to draft this round (0: none)."""
         raise NotImplementedError
 
-    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None,
+               shared: bool = False) -> None:
         """A round is over: ``gamma`` drafted (0 when the drafts were free guesses or none), ``accepted`` of them
         passed; ``side``: drafted by a source this controller does not plan; ``prefill``: a model read a prompt
-        in the round (its times are no step cost); ``masses``: sum_x min(p, q) per verified position."""
+        in the round (its times are no step cost); ``masses``: sum_x min(p, q) per verified position;
+        ``shared``: its target pass rode a batch (its time is a part of that pass, no pass of its own)."""
 
     def live_costs(self) -> list[float] | None:
         """The target's pass costs C_t(1..) for a drafter that sizes its proposals by cost (None: unknown)."""
@@ -148,6 +151,12 @@ class AutoController(Controller):
         self._d = self.draft_lm.run_time_s if self.draft_lm is not None else 0.0
 
     def choose(self) -> int:
+        crowd = self.crowd.pass_costs if self.crowd is not None else None
+        if crowd and self.draft_cost is not None and \
+                best_gamma([1.0] * self.max_gamma, self.draft_cost, crowd, self.max_gamma)[0] == 0:
+            # in this batch not even a draft accepted every time would pay: no draft, and no probe either (it
+            # would measure nothing that could change this; the request drafts again once the batch thins)
+            return 0
         if self.paused > 0:
             self.paused -= 1
             return 0
@@ -156,7 +165,7 @@ class AutoController(Controller):
             return 1
         if not self.target_costs or self.draft_cost is None:
             return 1 if len(self.target_costs) < 2 else min(len(self.target_costs) - 1, self.max_gamma)
-        costs = self.costs()
+        costs = list(crowd) if crowd else self.costs()
         gamma, speedup = best_gamma(self.alphas, self.draft_cost, costs, self.max_gamma)
         if gamma == 0:
             if self.evidence < self.EVIDENCE:
@@ -173,9 +182,21 @@ class AutoController(Controller):
                 return max(stale, key=lambda g: predicted_speedup(self.alphas, g, self.draft_cost, costs))
         return gamma
 
+    def _time_pass(self, k: int, t_time: float) -> None:
+        while len(self.target_costs) < k:
+            self.target_costs.append(t_time if not self.target_costs else max(self.target_costs[-1], t_time))
+        # the first timing of a size replaces the profile's value; later ones are averaged in
+        weight = self.DECAY if k in self.timed_at else 1.0
+        self.target_costs[k - 1] += weight * (t_time - self.target_costs[k - 1])
+        self.timed_at[k] = self.rounds
+        self.timed_count[k] = self.timed_count.get(k, 0) + 1
+
     def live_costs(self) -> list[float] | None:
-        """C_t(k) for a drafter that sizes its proposals by cost: ``costs()`` once at least two pass sizes have
-        been timed online, the profile's before that (None without a profile)."""
+        """C_t(k) for a drafter that sizes its proposals by cost: the request's part of a batched pass in a
+        crowd; else ``costs()`` once at least two pass sizes have been timed online, the profile's before that
+        (None without a profile)."""
+        if self.crowd is not None and self.crowd.pass_costs:
+            return list(self.crowd.pass_costs)
         return self.costs() if len(self.timed_at) >= 2 else (list(self.profile_costs) or None)
 
     def costs(self) -> list[float]:
@@ -252,10 +273,11 @@ class AutoController(Controller):
                 out[k - 1] = cost[j2 - 1] + max(0.0, (cost[j2 - 1] - cost[j1 - 1]) / (j2 - j1)) * (k - j2)
         return {"target_costs": out, "draft_cost": self.draft_cost}
 
-    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None) -> None:
-        """Learn from a round: its target pass time, and (unless the draft came from a ``side`` source the
-        controller does not plan, such as the hybrid drafter's lookups) the draft step and acceptance. The
-        first round, and one where a model read a prompt (``prefill``), time no step. ``masses`` (sampling):
+    def update(self, gamma: int, accepted: int, side: bool = False, prefill: bool = False, masses=None,
+               shared: bool = False) -> None:
+        """Learn from a round: its target pass time (not a ``shared`` one's: a batch's costs come with its crowd),
+        and (unless the draft came from a ``side`` source the controller does not plan, such as the hybrid
+        drafter's lookups) the draft step and acceptance. The first round, and one where a model read a prompt (``prefill``), time no step. ``masses`` (sampling):
         sum_x min(p, q) of each verified position, the probability that it is accepted: learned in place of
         the accept/reject outcome, which has the same mean and far more noise."""
         t_time = self.target.run_time_s - self._t
@@ -268,13 +290,8 @@ class AutoController(Controller):
         k = gamma + 1
         if gamma > self.max_gamma:
             return  # a long copy's proposal: beyond the sizes planned here
-        while len(self.target_costs) < k:
-            self.target_costs.append(t_time if not self.target_costs else max(self.target_costs[-1], t_time))
-        # the first timing of a size replaces the profile's value; later ones are averaged in
-        weight = self.DECAY if k in self.timed_at else 1.0
-        self.target_costs[k - 1] += weight * (t_time - self.target_costs[k - 1])
-        self.timed_at[k] = self.rounds
-        self.timed_count[k] = self.timed_count.get(k, 0) + 1
+        if not shared:
+            self._time_pass(k, t_time)
         if side:
             return
         if gamma:

@@ -83,7 +83,7 @@ class HybridDrafter(Drafter):
             return self.ngram.draft(committed, tokens[:n], want, sampling, side=True)
         if choice is None and not tokens and not paused:
             self._idle += 1
-            if self._idle >= self.PROBE_EVERY:
+            if self._idle >= self.PROBE_EVERY and self._may_pay(gamma):
                 choice, n = "model", gamma  # re-measure the model's acceptance now and then
         if choice is None:
             self._last_kind = None
@@ -96,6 +96,16 @@ class HybridDrafter(Drafter):
         draft = self.model.propose(committed, n, pipeline, sampling, rng)
         self.ngram.remember(committed, draft.tokens, n)  # model rounds are read back the same way
         return draft
+
+    def _may_pay(self, gamma: int) -> bool:
+        """Whether a model draft could pay at all at these costs: one accepted every time must (else a probe of
+        its acceptance measures nothing that could change the choice; as in a batch of requests, whose pass
+        costs each little more than a share of one, against a draft step that every request waits for)."""
+        step, costs = self.draft_cost, self.pass_costs
+        if step is None or not costs:
+            return True
+        from ..control.costmodel import best_gamma
+        return best_gamma([1.0] * gamma, step, costs, gamma)[0] > 0
 
     def _learn(self, outcome) -> None:
         if outcome is None or self._last_kind is None:

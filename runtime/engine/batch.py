@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import SpeculationConfig
 from ..errors import ModelRunError
 from .lm import ROUND, CausalLM, Feed
 from .passes import PLAIN
@@ -80,6 +82,7 @@ class BatchedPasses:
         self.passes = 0        # batched passes run
         self.rows = 0          # rows they ran
         self.run_time_s = 0.0
+        self.costs = PassCosts()
 
     def fits(self, lm: CausalLM, ids: list[int], keep: int, options) -> bool:
         """Whether ``forward_rows(ids, keep, options)`` on ``lm`` runs as one pass a batch can take: one pass of at
@@ -90,7 +93,8 @@ class BatchedPasses:
     def run(self, jobs: list) -> list:
         """Run the passes ``jobs`` ask for (each an engine.PassNeed: lm, ids, keep, options) as one; each job's
         ``rows`` is then what ``lm.forward_rows(ids, keep, options)`` would have returned, and each lm's cache
-        as that call would have left it. At most ``slots`` jobs, on distinct caches."""
+        as that call would have left it; its ``crowd``, the batch its next round plans for. At most ``slots``
+        jobs, on distinct caches."""
         if not 1 <= len(jobs) <= self.slots:
             raise ValueError(f"a batched pass takes 1 to {self.slots} requests, got {len(jobs)}")
         plans: list[Feed] = []
@@ -166,9 +170,11 @@ class BatchedPasses:
         self.rows += total_rows
         at = 0
         width, kk = self.width, max(k, 1)
-        for job, plan, size, keep, k_job in zip(jobs, plans, sizes, kept, widths):
+        shares = self.costs.shares(sizes, elapsed)
+        crowd = self.costs.crowd(len(jobs), SpeculationConfig.max_draft_tokens + 1)
+        for job, plan, size, keep, k_job, share in zip(jobs, plans, sizes, kept, widths, shares):
             lm = job.lm
-            lm.graph.run_time_s += elapsed * size / total_rows  # (each request's share of the pass)
+            lm.graph.run_time_s += share
             lo, hi = at, at + keep
             if lm.graph.lazy_reads(job.options):  # the rows as a decoding pass reads them: TopRows
                 slot = HostSlot(logits[lo * width:hi * width], _first_columns(values, kk, lo, hi, k_job),
@@ -180,7 +186,7 @@ class BatchedPasses:
             if keep != plan.keep:  # (a graph that returns every row)
                 rows = rows[keep - plan.keep:]
             lm.passed(plan.first, size, tile=1)  # (every row on the path of a pass of many)
-            job.rows = lm.fed(plan, rows)
+            job.rows, job.crowd = lm.fed(plan, rows), crowd
             at += keep
         return [job.rows for job in jobs]
 
@@ -196,6 +202,81 @@ class BatchedPasses:
                     np.empty(size * top, np.int64), np.empty(size, np.float32), np.empty(size, np.float32))
             self._buffers[self._turn] = have
         return have[2:]
+
+
+class PassCosts:
+    """What a batched pass costs by its rows, learned from the passes run, and how a pass's time is split among
+    its requests: what the pass would have cost with one row each, shared equally, plus, for each request, what
+    its rows past the first added (their marginal cost in this pass). The parts add up to the pass's time.
+
+    A pass on the CPU is bound by reading the weights while its rows are few (SmolLM2-135M fp32, 4 slots, AMD
+    EPYC 2 vCPUs: 30 ms at 4 rows, 31 at 8, 40 at 12), so a row a request adds costs the batch far less than the
+    pass's average row; what a request's cost model reads of a batch (``crowd``) comes from this table."""
+
+    DECAY = 0.2
+
+    def __init__(self):
+        self.by_rows: dict[int, float] = {}  # total rows -> seconds, an exponential average of the passes seen
+
+    def learn(self, rows: int, seconds: float) -> None:
+        have = self.by_rows.get(rows)
+        self.by_rows[rows] = seconds if have is None else have + self.DECAY * (seconds - have)
+
+    def estimate(self, rows: int) -> float:
+        """A pass of ``rows`` rows: as timed; between timed sizes, on the line between the nearest two; below
+        the smallest, that one's; past the largest, on from it at the least-squares slope of the timed sizes
+        (none below zero)."""
+        table = self.by_rows
+        if not table:
+            raise ValueError("no batched pass has been timed yet")
+        if rows in table:
+            return table[rows]
+        top = max(table)
+        if rows > top:
+            sizes = sorted(table)
+            slope = max(0.0, float(np.polyfit(sizes, [table[r] for r in sizes], 1)[0])) if len(sizes) > 1 else 0.0
+            return table[top] + slope * (rows - top)
+        below = max((r for r in table if r < rows), default=None)
+        above = min(r for r in table if r > rows)
+        if below is None:
+            return table[above]
+        lo, hi = table[below], table[above]
+        return lo + (hi - lo) * (rows - below) / (above - below)
+
+    def shares(self, sizes: list[int], elapsed: float) -> list[float]:
+        """Each request's part of a pass of ``sizes`` rows per request that took ``elapsed`` seconds."""
+        total = sum(sizes)
+        self.learn(total, elapsed)
+        full = self.estimate(total)
+        extra = [max(0.0, full - self.estimate(total - size + 1)) if size > 1 else 0.0 for size in sizes]
+        spent = sum(extra)
+        if spent > elapsed:  # (estimates off on a noisy pass: the marginal parts scaled into the pass)
+            extra = [e * elapsed / spent for e in extra]
+            spent = elapsed
+        base = (elapsed - spent) / len(sizes)
+        return [base + e for e in extra]
+
+    def crowd(self, requests: int, sizes: int) -> "Crowd":
+        """What a request of a batch of ``requests`` plans its rounds for: its part of the pass where every
+        request of the batch brings k rows, for k = 1..``sizes``."""
+        return Crowd(requests, tuple(self.estimate(requests * k) / requests for k in range(1, sizes + 1)))
+
+
+@dataclass(frozen=True)
+class Crowd:
+    """The batch a request's target pass rode with, as its next round plans for it (PassNeed.crowd): how many
+    requests shared the pass, and C_t(k), the request's part of such a pass where each of them brings k rows
+    (``pass_costs``), which its cost model reads in place of its own passes' times.
+
+    A draft step the request runs alone, every request of the batch waits for; the rows it adds to the pass
+    cost the batch only their marginal time. A request that chose its rounds against the batch as it stood
+    (the others' drafts already in the turn) found model drafts paying once the others drafted (their steps
+    made the turn long) and not where none did: the batch settled on the slower of the two (SmolLM2 pair,
+    4 requests: the model's draft steps 16% to 30% of the time). Every request planning as if the others made
+    the same choice compares the two batches whole."""
+
+    requests: int
+    pass_costs: tuple
 
 
 def _first_columns(flat: np.ndarray, k: int, lo: int, hi: int, want: int) -> np.ndarray:

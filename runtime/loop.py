@@ -125,8 +125,7 @@ class DecodeLoop:
                 # answer on the SmolLM2 pair, against 1.3x)
                 yield need
             self.verify(r, need)
-            r.shared = need.crowd is not None
-            self.controller.crowd = need.crowd  # (the next round plans for the batch this pass rode, or alone)
+            r.shared = need.shared
             self.commit(r)
             self.account(r)
             verdict = r.verdict if r.counted else Verdict(0, r.verdict.next_token, False)
@@ -151,6 +150,7 @@ class DecodeLoop:
         """Start a round: what earlier rounds read is released, and gamma is chosen (none in a lazy first round;
         never past max_new_tokens or the context)."""
         ctx, target, draft_lm = self.ctx, self.target, self.draft_lm
+        self.controller.crowd = self.req.crowd() if self.req.crowd is not None else None  # (None: alone)
         r = Round(time.perf_counter(), target.run_time_s, draft_lm.run_time_s if draft_lm is not None else 0.0,
                   self.req.max_new_tokens - (len(self.committed) - self.start))
         for lm in (target, draft_lm):  # nothing read in the round before is read again

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import threading
+from typing import Callable
 
 from .config import SamplingConfig, SpeculationConfig
 from .constrain import Constraint
@@ -24,6 +25,8 @@ class Request:
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
     # where a scheduler may run another request: None (a long prompt's chunks), a PassNeed (before a round's pass)
     pauses: bool = False
+    # a scheduler's view of the batch the request's target passes ride with now (engine.batch.Crowd), or None
+    crowd: Callable[[], object] | None = None
     constraint: Constraint | None = None  # structured output: the mask every row is read through
     logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives
     prediction: tuple[int, ...] = ()  # the predicted output's token ids (OpenAI's Predicted Outputs): free drafts

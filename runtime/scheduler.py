@@ -13,6 +13,7 @@ import threading
 import time
 
 from .checks import is_int
+from .config import SpeculationConfig
 from .constrain import ConstraintError
 from .drafting import common_prefix
 from .engine import PassNeed
@@ -120,6 +121,7 @@ class Engine:
         self._checker = Slot(gen)  # checks requests on the event loop (no pass runs on it there)
         self.slots = [self._checker] + [Slot(gen.twin()) for _ in range(parallel - 1)]
         self.batch = self._batched_passes() if batch and parallel > 1 else None
+        self._crowd = None  # the batch the running requests plan their rounds for (``_batch_now``)
         self._cond = threading.Condition()
         self._waiting: collections.deque = collections.deque()
         self._runs: list[Run] = []
@@ -212,10 +214,13 @@ class Engine:
                     return
                 self._admit()
                 runs = list(self._runs)
+            if self.batch is not None:  # (a request admitted now plans its second round in its first step)
+                self._crowd = self._batch_now()
             for run in runs:
                 self._step(run)
             if self.batch is not None:
                 self._batch(runs)
+                self._crowd = self._batch_now()
 
     def _admit(self) -> None:
         """Waiting requests, in arrival order, onto free slots (holding the lock): each to the free slot whose
@@ -240,7 +245,8 @@ class Engine:
             self._admitted += 1
             slot.last_used = self._admitted
             gen = slot.generator(ticket.stream.generator.drafter.name)
-            ticket.stream = gen.adopt(ticket.stream, pauses=True)  # the checked request, on this slot's models
+            ticket.stream = gen.adopt(ticket.stream, pauses=True, crowd=self._crowd_now)  # (the checked request,
+            # on this slot's models)
             busy.add(id(slot))
             self._runs.insert(0, Run(ticket, slot))  # its first round (the prompt's prefill) opens the next turn
 
@@ -302,7 +308,18 @@ class Engine:
         except Exception:  # (the caches' valid lengths move only after a pass succeeded)
             log.exception("a batched target pass failed; the requests run their own passes")
             for need in needs:
-                need.rows = need.crowd = None
+                need.rows, need.shared = None, False
+
+    def _batch_now(self):
+        """The batch the running requests' next passes ride (engine.batch.Crowd), or None: fewer than two run,
+        or no batched pass has been timed yet. Every round plans for it, the first of a request's too."""
+        running = min(len(self._runs), self.batch.slots)
+        if running < 2 or not self.batch.costs.by_rows:
+            return None
+        return self.batch.costs.crowd(running, SpeculationConfig.max_draft_tokens + 1)
+
+    def _crowd_now(self):
+        return self._crowd
 
     def _done(self, run: Run, reason: str | None) -> None:
         ticket, stream, watch = run.ticket, run.ticket.stream, run.watch

@@ -157,6 +157,50 @@ def test_every_greedy_answer_is_its_alone_answer_under_interleaving(gen):
     assert all(c.outcome.finish_reason == "length" for c in got)
 
 
+def test_rounds_plan_for_the_batch_they_ride_and_alone_once_it_thins(gen, monkeypatch):
+    """Every round of a request running beside others plans for the batch (Request.crowd: the Engine's view,
+    each request's part of a batched pass where every request brings k rows), the second round of a request
+    admitted into a running batch too (its first ran alone); once the others have ended, the one left plans
+    alone again. The control: without batching no round sees a crowd."""
+    from ortspec.control.controllers import AutoController
+    seen: list = []
+    choose = AutoController.choose
+
+    def recording(self):
+        seen.append((id(self), self.crowd))
+        return choose(self)
+    monkeypatch.setattr(AutoController, "choose", recording)
+    async def scene(batch: bool):
+        engine = engine_for(gen, 4, batch=batch)
+        try:
+            long = Client(engine, [7, 3, 3, 8, 1], 240, num_draft_tokens="auto")
+            other = Client(engine, [4, 4, 1, 9], 50, num_draft_tokens="auto")
+            await long.until(("logprobs",), 3)
+            short = [Client(engine, p, 20, num_draft_tokens="auto") for p in ([3, 9, 14, 2], [8, 1, 1, 6])]
+            for c in short + [other, long]:
+                await c.finish()
+            return long
+        finally:
+            engine.close()
+
+    asyncio.run(scene(True))
+    by_request: dict = {}
+    for who, crowd in seen:
+        by_request.setdefault(who, []).append(crowd)
+    *short, other, long = sorted(by_request.values(), key=len)  # (by how many rounds chose gamma)
+    assert long[0] is None                                         # before any batched pass: nothing known
+    inside = [c for c in long if c is not None]
+    assert inside and max(c.requests for c in inside) == 4         # then in the batch of four
+    assert all(len(c.pass_costs) == 17 and 0 < c.pass_costs[0] and list(c.pass_costs) == sorted(c.pass_costs)
+               for c in inside)
+    assert long[-1] is None                                        # alone again at the end
+    assert len(short) == 2 and all(rounds[0] is not None and rounds[0].requests == 4 for rounds in short)
+    # (admitted into the running batch, their first round that chose gamma, the second, planned for it)
+    seen.clear()
+    asyncio.run(scene(False))
+    assert seen and all(crowd is None for _, crowd in seen)
+
+
 def test_a_cancelled_request_frees_its_slot_at_once(gen):
     """Two slots, both running long answers, a third waiting: cancelling one starts the third at the next turn,
     while the other long answer still runs."""

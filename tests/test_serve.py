@@ -622,11 +622,11 @@ def test_predicted_outputs_through_the_official_client(server):
 
 
 def test_the_load_benchmark_measures_every_client_and_the_first_token_beside_a_long_answer(server):
-    """tools/serve_soak.py --load's measures on the served tiny pair: every request of the mix answered and
+    """tools/serve_bench.py's measures on the served tiny pair: every request of the mix answered and
     counted, and a short request sent while a long answer runs ends before it (the slots interleave)."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
     try:
-        from serve_soak import load, ttft_beside_a_long_answer
+        from serve_bench import load, ttft_beside_a_long_answer
     finally:
         sys.path.pop(0)
     report = load(server, MODEL, clients=2, requests_each=2, short=4, long=8)

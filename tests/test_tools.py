@@ -70,3 +70,27 @@ def test_serve_load_compares_the_server_with_the_direct_api(llama_bundle, tmp_pa
     _tool("serve_load.py", llama_bundle, "--overhead-prompts", "1", "--requests", "2", "--clients", "2",
           "--turns", "1", "--max-tokens", "6", "--out", report, timeout=600)
     assert json.loads(report.read_text())
+
+
+def test_serve_bench_interleaves_its_servers_and_reports_every_round(llama_bundle, tmp_path):
+    """tools/serve_bench.py: both ortspec servers run at once, every client count in every round on each; the
+    one-at-a-time server is the ratios' base; every request of the mix is answered."""
+    report = tmp_path / "bench.json"
+    out = _tool("serve_bench.py", llama_bundle, "--counts", "1,2", "--repeat", "2", "--requests-each", "1",
+                "--short", "4", "--long", "8", "--probe-tokens", "150", "--out", report, timeout=600).stdout
+    data = json.loads(report.read_text())
+    rows = {(r["server"], r["clients"]): r for r in data["rows"]}
+    assert set(rows) == {(s, c) for s in ("ortspec serve --parallel 1", "ortspec serve --parallel 4") for c in (1, 2)}
+    for (server, clients), r in rows.items():
+        assert len(r["rounds"]) == 2 and r["ok"] == r["requests"] == 2 * clients and r["tokens_per_s"] > 0
+        assert r["rss_mb"] > 0
+        if server.endswith("--parallel 1"):
+            assert r["ratio"] == 1.0
+    assert data["ttft_beside_long"]["ortspec serve --parallel 4"]["short_ended_before_long"]
+    assert "x 1-at-a-time" in out
+
+
+def test_serve_bench_explains_bad_counts(llama_bundle):
+    proc = subprocess.run([sys.executable, str(TOOLS / "serve_bench.py"), str(llama_bundle), "--counts", "1,x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--counts takes client counts" in proc.stderr

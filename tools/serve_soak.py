@@ -3,8 +3,6 @@
 
     python tools/serve_soak.py models/smollm2-135m                      # 8 clients, 180 s
     python tools/serve_soak.py models/qwen2.5-coder-int4 --clients 8 --seconds 300 --max-queue 4 --out soak.json
-    python tools/serve_soak.py models/qwen2.5-coder-gguf --load 1,2,4,8 --parallel 4 \
-        --llama-server ~/.cache/llama-cpp/bin --gguf FILE.gguf --out load.json     # the load benchmark
 
 Starts `ortspec serve BUNDLE` on a free 127.0.0.1 port (a child process). Each client sends, until the time or
 request budget is spent, a random mix of: whole answers, streamed answers, streams it cancels after two chunks
@@ -16,11 +14,7 @@ answered twice (every completion id once, the server's served count equal to the
 the server's memory stays flat (resident set after the run against after a warm-up), and reports latency
 percentiles per kind. Exit status 1 if any check fails.
 
-With --load, a benchmark instead: for each server in turn (ortspec with --parallel 1, ortspec with --parallel N,
-and with --llama-server, llama.cpp's server with N slots on the same file), a short request's time to first
-token alone and while a 512-token answer runs, then 1, 2, 4, 8 ... clients at once, each sending a fixed mix
-(short and long, streamed and whole, greedy and sampled): aggregate tokens/s, time to first token, seconds per
-token and total time percentiles.
+The load benchmark (throughput and latency by client count, beside llama.cpp's server) is tools/serve_bench.py.
 """
 from __future__ import annotations
 
@@ -29,7 +23,6 @@ import http.client
 import json
 from pathlib import Path
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -287,209 +280,6 @@ def soak(url: str, pid: int, model: str, clients: int = 8, seconds: float = 180.
 
 # -- the load benchmark ----------------------------------------------------------------------------------------
 
-LOAD_PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
-                "Explain what a hash map is, with an example.", "Write a haiku about the sea.",
-                "List five uses of a binary search tree.", "Describe how HTTP caching works.",
-                "Write a SQL query that counts orders per customer.", "What does a compiler do?",
-                "Summarize the rules of chess in a few sentences."]
-
-
-def load_request(c: int, i: int, short: int, long: int) -> dict:
-    """Client ``c``'s ``i``-th request of the load mix (the same on every server): every other one short, the
-    rest long; half streamed; half greedy, half sampled (T 0.7, top-p 0.8, top-k 20, repetition 1.05)."""
-    k = c * 7 + i
-    body = {"messages": [{"role": "user", "content": LOAD_PROMPTS[k % len(LOAD_PROMPTS)]}],
-            "max_tokens": short if k % 2 == 0 else long, "stream": (k // 2) % 2 == 0}
-    if (k // 4) % 2:
-        body.update(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05, seed=k)
-    else:
-        body["temperature"] = 0
-    if body["stream"]:
-        body["stream_options"] = {"include_usage": True}
-    return body
-
-
-def timed_request(url: str, model: str, body: dict, timeout: float = 900.0) -> dict:
-    """One request, timed: total seconds, first-token seconds (streams), completion tokens, and the gaps
-    between content chunks of a stream (per-token latency)."""
-    host, port = url.rsplit("//", 1)[1].split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(body, model=model)).encode(),
-                 headers={"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    out = {"status": resp.status, "stream": body["stream"], "max_tokens": body["max_tokens"], "tokens": 0}
-    try:
-        if resp.status != 200 or not body["stream"]:
-            payload = json.loads(resp.read())
-            if resp.status == 200:
-                out["tokens"] = payload["usage"]["completion_tokens"]
-            return out
-        last, gaps, chunks = None, [], 0
-        for chunk in sse_chunks(resp):
-            if chunk is None:
-                break
-            if chunk.get("usage"):
-                out["tokens"] = chunk["usage"]["completion_tokens"]
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                now = time.perf_counter()
-                chunks += 1
-                if last is None:
-                    out["ttft_s"] = now - t0
-                else:
-                    gaps.append(now - last)
-                last = now
-        out["tokens"] = out["tokens"] or chunks
-        out["gaps_s"] = gaps
-        return out
-    finally:
-        conn.close()
-        out["total_s"] = time.perf_counter() - t0
-
-
-def load(url: str, model: str, clients: int, requests_each: int = 4, short: int = 16, long: int = 128) -> dict:
-    """``clients`` clients at once, each sending ``requests_each`` requests of the load mix one after another:
-    aggregate completion tokens per second, time to first token (streams), seconds per token of a stream's
-    decode ((total - first token) / (tokens - 1): a round's tokens come together) and total seconds."""
-    results: list[dict] = []
-    lock = threading.Lock()
-
-    def work(c: int) -> None:
-        for i in range(requests_each):
-            r = timed_request(url, model, load_request(c, i, short, long))
-            with lock:
-                results.append(r)
-
-    wall = run_clients(work, clients)
-    ok = [r for r in results if r["status"] == 200]
-    tokens = sum(r["tokens"] for r in ok)
-    ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
-    per_token = [(r["total_s"] - r["ttft_s"]) / (r["tokens"] - 1) for r in ok
-                 if "ttft_s" in r and r["tokens"] > 1]
-    return {"clients": clients, "requests": len(results), "ok": len(ok), "tokens": tokens, "seconds": wall,
-            "tokens_per_s": tokens / wall, "ttft_p50_s": pct(ttft, 0.5), "ttft_p95_s": pct(ttft, 0.95),
-            "per_token_p50_s": pct(per_token, 0.5), "per_token_p95_s": pct(per_token, 0.95),
-            "total_p50_s": pct([r["total_s"] for r in ok], 0.5), "total_p95_s": pct([r["total_s"] for r in ok], 0.95)}
-
-
-def ttft_beside_a_long_answer(url: str, model: str, short: int = 16, long: int = 512) -> dict:
-    """A short streamed greedy request's time to first token alone, then while a ``long``-token answer runs
-    (sent once that answer's first token has come)."""
-    body = {"messages": [{"role": "user", "content": LOAD_PROMPTS[2]}], "max_tokens": short, "temperature": 0,
-            "stream": True}
-    alone = timed_request(url, model, body)
-    started = threading.Event()
-    box: list = []
-
-    def run_long() -> None:
-        host, port = url.rsplit("//", 1)[1].split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=900)
-        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
-                     body=json.dumps({"model": model, "messages": [{"role": "user", "content": LOAD_PROMPTS[0]}],
-                                      "max_tokens": long, "temperature": 0, "stream": True,
-                                      "ignore_eos": True}).encode())
-        for chunk in sse_chunks(conn.getresponse()):
-            if chunk is None:
-                break
-            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                started.set()  # its first text, not the role chunk
-        box.append(time.perf_counter())
-        conn.close()
-
-    t = threading.Thread(target=run_long)
-    t.start()
-    started.wait(900)
-    beside = timed_request(url, model, body)
-    done_short = time.perf_counter()
-    t.join()
-    return {"alone_ttft_s": alone.get("ttft_s"), "beside_ttft_s": beside.get("ttft_s"),
-            "ratio": (beside.get("ttft_s") or float("nan")) / (alone.get("ttft_s") or float("nan")),
-            "short_ended_before_long": bool(box) and done_short < box[0]}
-
-
-def start_llama_server(bin_dir: str, gguf: str, parallel: int, threads: int, ctx_per_slot: int,
-                       log: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([str(Path(bin_dir) / "llama-server"), "-m", gguf, "--host", "127.0.0.1", "--port",
-                             str(port), "-t", str(threads), "-np", str(parallel), "-c", str(ctx_per_slot * parallel)],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"llama-server did not start:\n{log.read_text()[-2000:]}")
-
-
-def load_table(rows: list[dict]) -> str:
-    lines = [f"{'server':<34}{'clients':>8}{'tok/s':>8}{'x 1-at-a-time':>15}{'ttft p50':>10}{'ttft p95':>10}"
-             f"{'s/token p50':>13}{'p95':>8}{'total p95':>11}{'RSS MB':>8}"]
-    base = {r["clients"]: r["tokens_per_s"] for r in rows if r["server"].endswith("--parallel 1")}
-    for r in rows:
-        ratio = r["tokens_per_s"] / base[r["clients"]] if r["clients"] in base else float("nan")
-        lines.append(f"{r['server']:<34}{r['clients']:>8}{r['tokens_per_s']:>8.1f}{ratio:>15.2f}"
-                     f"{r['ttft_p50_s']:>10.2f}{r['ttft_p95_s']:>10.2f}{r['per_token_p50_s']:>13.3f}"
-                     f"{r['per_token_p95_s']:>8.3f}{r['total_p95_s']:>11.2f}{r.get('rss_mb', float('nan')):>8.0f}")
-    return "\n".join(lines)
-
-
-def run_load(args) -> int:
-    """--load: each server in turn (ortspec --parallel 1, ortspec --parallel N, llama-server -np N), every
-    client count on it."""
-    counts = [int(c) for c in args.load.split(",")]
-    servers = [("ortspec serve --parallel 1", ["--parallel", "1"]),
-               (f"ortspec serve --parallel {args.parallel}", ["--parallel", str(args.parallel)])]
-    if args.unbatched:
-        servers.append((f"ortspec serve --parallel {args.parallel} --no-batch",
-                        ["--parallel", str(args.parallel), "--no-batch"]))
-    if args.llama_server:
-        servers.append((f"llama-server -np {args.parallel}", None))
-    rows, probes = [], {}
-    for name, flags in servers:
-        log = Path(tempfile.mkdtemp()) / "server.log"
-        if flags is None:
-            proc, url = start_llama_server(args.llama_server, args.gguf, args.parallel, args.threads,
-                                           args.ctx_per_slot, log)
-            model = "gguf"
-        else:
-            model = "load"
-            proc, url = start_server(args.bundle, flags + ["--max-queue", "64", "--model-name", model], log)
-        print(f"{name}: {url} (log {log})", file=sys.stderr)
-        try:
-            timed_request(url, model, load_request(0, 1, 8, 8))  # warm: caches, buffers
-            probes[name] = ttft_beside_a_long_answer(url, model)
-            print(f"  short request's first token: {probes[name]}", file=sys.stderr)
-            for c in counts:
-                r = load(url, model, c, args.requests_each, args.short, args.long)
-                r["server"], r["rss_mb"] = name, rss_mb(proc.pid)  # (the server's memory once the slots emptied)
-                rows.append(r)
-                print(f"  {c} clients: {r['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-    print(load_table(rows))
-    print()
-    for name, p in probes.items():
-        print(f"{name}: a 16-token request's first token {p['alone_ttft_s']:.2f} s alone, "
-              f"{p['beside_ttft_s']:.2f} s while a 512-token answer runs ({p['ratio']:.2f}x); ended before it: "
-              f"{p['short_ended_before_long']}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "ttft_beside_long": probes}, indent=2))
-    return 0
-
-
 def format_report(r: dict) -> str:
     lines = [f"{r['clients']} clients, {r['seconds']:.0f} s: {r['requests']} requests, {r['admitted']} admitted, "
              f"{r['served']} served by the server, {r['failed']} failed checks; server memory "
@@ -512,24 +302,7 @@ def main() -> int:
     ap.add_argument("--max-queue", type=int, default=4, help="the server's --max-queue (default 4: 429s happen)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the report as JSON")
-    g = ap.add_argument_group("load benchmark (--load): throughput and latency by client count, beside the "
-                              "one-at-a-time server and llama.cpp's server")
-    g.add_argument("--load", metavar="COUNTS", help="client counts to run, e.g. 1,2,4,8 (instead of the soak)")
-    g.add_argument("--parallel", type=int, default=4, help="slots of the concurrent servers (default 4)")
-    g.add_argument("--unbatched", action="store_true",
-                   help="also run ortspec --parallel N --no-batch (each request's target pass on its own)")
-    g.add_argument("--requests-each", type=int, default=4, help="requests per client (default 4)")
-    g.add_argument("--short", type=int, default=16, help="max_tokens of the short requests (default 16)")
-    g.add_argument("--long", type=int, default=128, help="max_tokens of the long requests (default 128)")
-    g.add_argument("--llama-server", metavar="BIN_DIR", help="llama.cpp's binaries: run llama-server too")
-    g.add_argument("--gguf", help="the GGUF file llama-server runs (the bundle's source)")
-    g.add_argument("--threads", type=int, default=2, help="llama-server's threads (default 2)")
-    g.add_argument("--ctx-per-slot", type=int, default=2048, help="llama-server's context per slot (default 2048)")
     args = ap.parse_args()
-    if args.load:
-        if args.llama_server and not args.gguf:
-            ap.error("--llama-server needs --gguf FILE")
-        return run_load(args)
     if args.clients < 1 or args.seconds <= 0 or args.max_requests < 1 or args.max_tokens < 1 or args.max_queue < 0:
         ap.error("--clients, --max-requests and --max-tokens must be >= 1, --seconds > 0, --max-queue >= 0")
     log = Path(tempfile.mkdtemp()) / "server.log"

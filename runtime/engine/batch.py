@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import SpeculationConfig
 from ..errors import ModelRunError
 from .lm import ROUND, CausalLM, Feed
 from .passes import PLAIN
@@ -93,8 +92,7 @@ class BatchedPasses:
     def run(self, jobs: list) -> list:
         """Run the passes ``jobs`` ask for (each an engine.PassNeed: lm, ids, keep, options) as one; each job's
         ``rows`` is then what ``lm.forward_rows(ids, keep, options)`` would have returned, and each lm's cache
-        as that call would have left it; its ``crowd``, the batch its next round plans for. At most ``slots``
-        jobs, on distinct caches."""
+        as that call would have left it. At most ``slots`` jobs, on distinct caches."""
         if not 1 <= len(jobs) <= self.slots:
             raise ValueError(f"a batched pass takes 1 to {self.slots} requests, got {len(jobs)}")
         plans: list[Feed] = []
@@ -171,7 +169,6 @@ class BatchedPasses:
         at = 0
         width, kk = self.width, max(k, 1)
         shares = self.costs.shares(sizes, elapsed)
-        crowd = self.costs.crowd(len(jobs), SpeculationConfig.max_draft_tokens + 1)
         for job, plan, size, keep, k_job, share in zip(jobs, plans, sizes, kept, widths, shares):
             lm = job.lm
             lm.graph.run_time_s += share
@@ -186,7 +183,7 @@ class BatchedPasses:
             if keep != plan.keep:  # (a graph that returns every row)
                 rows = rows[keep - plan.keep:]
             lm.passed(plan.first, size, tile=1)  # (every row on the path of a pass of many)
-            job.rows, job.crowd = lm.fed(plan, rows), crowd
+            job.rows, job.shared = lm.fed(plan, rows), True
             at += keep
         return [job.rows for job in jobs]
 
@@ -258,14 +255,15 @@ class PassCosts:
 
     def crowd(self, requests: int, sizes: int) -> "Crowd":
         """What a request of a batch of ``requests`` plans its rounds for: its part of the pass where every
-        request of the batch brings k rows, for k = 1..``sizes``."""
-        return Crowd(requests, tuple(self.estimate(requests * k) / requests for k in range(1, sizes + 1)))
+        request of the batch brings k rows, for k = 1..``sizes`` (no size cheaper than a smaller one)."""
+        costs = [self.estimate(requests * k) / requests for k in range(1, sizes + 1)]
+        return Crowd(requests, tuple(np.maximum.accumulate(costs).tolist()))  # (noise: never cheaper with more)
 
 
 @dataclass(frozen=True)
 class Crowd:
-    """The batch a request's target pass rode with, as its next round plans for it (PassNeed.crowd): how many
-    requests shared the pass, and C_t(k), the request's part of such a pass where each of them brings k rows
+    """The batch a request's target passes ride with, as its rounds plan for it (Request.crowd): how many
+    requests share a pass, and C_t(k), the request's part of such a pass where each of them brings k rows
     (``pass_costs``), which its cost model reads in place of its own passes' times.
 
     A draft step the request runs alone, every request of the batch waits for; the rows it adds to the pass

@@ -389,15 +389,14 @@ class Feed:
 class PassNeed:
     """A round's target pass, announced at a scheduler's pause (``Request.pauses``): ``forward_rows(ids, keep,
     options)`` on ``lm``. A scheduler may run it, with other requests' passes in one (engine.batch), and leave
-    its rows in ``rows`` and the batch the request's next round plans for in ``crowd`` (engine.batch.Crowd);
-    else the round runs it itself (``result``)."""
+    its rows in ``rows`` (``shared``: it rode a batch); else the round runs it itself (``result``)."""
 
     lm: "CausalLM"
     ids: list
     keep: int
     options: PassOptions
     rows: object = None
-    crowd: object = None
+    shared: bool = False
 
     def result(self):
         """The rows: the scheduler's, or this pass run now."""

@@ -77,7 +77,7 @@ def test_serve_bench_interleaves_its_servers_and_reports_every_round(llama_bundl
     one-at-a-time server is the ratios' base; every request of the mix is answered."""
     report = tmp_path / "bench.json"
     out = _tool("serve_bench.py", llama_bundle, "--counts", "1,2", "--repeat", "2", "--requests-each", "1",
-                "--short", "4", "--long", "8", "--probe-tokens", "150", "--out", report, timeout=600).stdout
+                "--short", "4", "--long", "8", "--probe-tokens", "150", "--probe-repeat", "2", "--out", report, timeout=600).stdout
     data = json.loads(report.read_text())
     rows = {(r["server"], r["clients"]): r for r in data["rows"]}
     assert set(rows) == {(s, c) for s in ("ortspec serve --parallel 1", "ortspec serve --parallel 4") for c in (1, 2)}
@@ -86,7 +86,8 @@ def test_serve_bench_interleaves_its_servers_and_reports_every_round(llama_bundl
         assert r["rss_mb"] > 0
         if server.endswith("--parallel 1"):
             assert r["ratio"] == 1.0
-    assert data["ttft_beside_long"]["ortspec serve --parallel 4"]["short_ended_before_long"]
+    probe = data["ttft_beside_long"]["ortspec serve --parallel 4"]
+    assert probe["short_ended_before_long"] and len(probe["runs"]) == 2
     assert "x 1-at-a-time" in out
 
 

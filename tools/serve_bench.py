@@ -9,8 +9,8 @@ llama.cpp's server with N slots on the same file, interleaved.
 Every server starts at once, each on a free 127.0.0.1 port (child processes; an idle one takes no CPU): ortspec
 with --parallel 1, ortspec with --parallel N (and with --unbatched, --parallel N --no-batch), and with
 --llama-server, llama-server -np N. For each server in turn, a 16-token streamed request's time to first token
-alone and then while a 512-token answer runs. Then ``--repeat`` rounds: in each, every client count on every
-server, the servers in a rotating order, the clients each sending ``--requests-each`` requests of a fixed mix
+alone and then while a 512-token answer runs (``--probe-repeat`` times, medians). Then ``--repeat`` rounds: in
+each, every client count on every server, the servers in a rotating order, the clients each sending ``--requests-each`` requests of a fixed mix
 (short and long, streamed and whole, greedy and sampled at T 0.7, top-p 0.8, top-k 20, repetition 1.05) one
 after another. Reported per server and count: aggregate completion tokens/s (the median of the rounds), its
 ratio to the one-at-a-time server (the median of the rounds' ratios: each round's servers ran minutes apart at
@@ -164,6 +164,16 @@ def ttft_beside_a_long_answer(url: str, model: str, short: int = 16, long: int =
             "short_ended_before_long": bool(box) and done_short < box[0]}
 
 
+def probe(url: str, model: str, long: int, repeat: int) -> dict:
+    """``ttft_beside_a_long_answer`` ``repeat`` times: the medians of the first token's times alone and beside
+    the long answer, their ratio, and each run (a first token of 30 ms moves by tens of percent run to run)."""
+    runs = [ttft_beside_a_long_answer(url, model, long=long) for _ in range(repeat)]
+    alone = statistics.median(r["alone_ttft_s"] for r in runs)
+    beside = statistics.median(r["beside_ttft_s"] for r in runs)
+    return {"alone_ttft_s": alone, "beside_ttft_s": beside, "ratio": beside / alone,
+            "short_ended_before_long": all(r["short_ended_before_long"] for r in runs), "runs": runs}
+
+
 def start_llama_server(bin_dir: str, gguf: str, parallel: int, threads: int, ctx_per_slot: int,
                        log: Path) -> tuple[subprocess.Popen, str]:
     import socket
@@ -240,7 +250,7 @@ def run(args) -> int:
         probes = {}
         for name, proc, url, model in started:
             timed_request(url, model, load_request(0, 1, 8, 8))  # warm: caches, buffers
-            probes[name] = ttft_beside_a_long_answer(url, model, long=args.probe_tokens)
+            probes[name] = probe(url, model, args.probe_tokens, args.probe_repeat)
             print(f"  {name}: a short request's first token {probes[name]}", file=sys.stderr)
         runs: dict = {}
         rss: dict = {}
@@ -288,6 +298,8 @@ def main() -> int:
     ap.add_argument("--ctx-per-slot", type=int, default=2048, help="llama-server's context per slot (default 2048)")
     ap.add_argument("--probe-tokens", type=int, default=512,
                     help="tokens of the long answer the first-token probe runs beside (default 512)")
+    ap.add_argument("--probe-repeat", type=int, default=3,
+                    help="runs of the first-token probe per server, medians reported (default 3)")
     ap.add_argument("--out", help="write the rows and probes as JSON")
     args = ap.parse_args()
     if args.llama_server and not args.gguf:
@@ -296,8 +308,9 @@ def main() -> int:
         counts = [int(c) for c in args.counts.split(",")]
     except ValueError:
         ap.error(f"--counts takes client counts separated by commas, e.g. 1,4,8; got {args.counts!r}")
-    if not counts or min(counts) < 1 or min(args.repeat, args.parallel, args.requests_each, args.probe_tokens) < 1:
-        ap.error("--counts, --repeat, --parallel, --requests-each and --probe-tokens must be >= 1")
+    if not counts or min(counts) < 1 or min(args.repeat, args.parallel, args.requests_each, args.probe_tokens,
+                                              args.probe_repeat) < 1:
+        ap.error("--counts, --repeat, --parallel, --requests-each, --probe-tokens and --probe-repeat must be >= 1")
     return run(args)
 
 

@@ -462,9 +462,8 @@ class _Stream:
             self._it.close()
 
     def on(self, gen: SpeculativeGenerator, pauses: bool = False, crowd=None) -> "_Stream":
-        """This stream, not started yet, on another generator's models (``SpeculativeGenerator.adopt``); with
-        ``pauses``, also None after each chunk of a long prompt and between a round's drafts and target pass;
-        ``crowd``, what each round plans for (a callable: the batch its passes ride with now, or None)."""
+        """This stream, not started yet, on another generator's models (``adopt``); with ``pauses``, also None
+        after each chunk of a long prompt and between a round's drafts and target pass; ``crowd``: Request.crowd."""
         if self._it is not None:
             raise RuntimeError("a stream moves to another generator only before its first event")
         return _Stream(gen, replace(self._req, pauses=pauses, crowd=crowd), self._wait)

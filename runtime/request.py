@@ -25,7 +25,7 @@ class Request:
     text: bool = True  # text deltas per round (a stream's events); generate() decodes once at the end
     # where a scheduler may run another request: None (a long prompt's chunks), a PassNeed (before a round's pass)
     pauses: bool = False
-    # a scheduler's view of the batch the request's target passes ride with now (engine.batch.Crowd), or None
+    # a scheduler's: a callable giving the batch its target passes ride with now (engine.batch.Crowd), or None
     crowd: Callable[[], object] | None = None
     constraint: Constraint | None = None  # structured output: the mask every row is read through
     logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives

@@ -214,13 +214,25 @@ class Engine:
                     return
                 self._admit()
                 runs = list(self._runs)
-            if self.batch is not None:  # (a request admitted now plans its second round in its first step)
-                self._crowd = self._batch_now()
-            for run in runs:
-                self._step(run)
-            if self.batch is not None:
-                self._batch(runs)
-                self._crowd = self._batch_now()
+            try:
+                self._turn(runs)
+            except Exception as exc:  # (a request's own failure ends in its step: this is the scheduler's)
+                log.exception("the scheduler failed; the running requests end with an error")
+                for run in list(self._runs):
+                    run.ticket.stream.close()
+                    self.metrics.finished("error", len(run.ticket.stream.prompt_ids))
+                    self._release(run)
+                    run.ticket.put(("error", exc))
+
+    def _turn(self, runs: list[Run]) -> None:
+        """One turn: every running request a step, then the target passes they announced, batched."""
+        if self.batch is not None:  # (a request admitted now plans its second round in its first step)
+            self._crowd = self._batch_now()
+        for run in runs:
+            self._step(run)
+        if self.batch is not None:
+            self._batch(runs)
+            self._crowd = self._batch_now()
 
     def _admit(self) -> None:
         """Waiting requests, in arrival order, onto free slots (holding the lock): each to the free slot whose

@@ -121,7 +121,6 @@ class Engine:
         self._checker = Slot(gen)  # checks requests on the event loop (no pass runs on it there)
         self.slots = [self._checker] + [Slot(gen.twin()) for _ in range(parallel - 1)]
         self.batch = self._batched_passes() if batch and parallel > 1 else None
-        self._crowd = None  # the batch the running requests plan their rounds for (``_batch_now``)
         self._cond = threading.Condition()
         self._waiting: collections.deque = collections.deque()
         self._runs: list[Run] = []
@@ -226,13 +225,10 @@ class Engine:
 
     def _turn(self, runs: list[Run]) -> None:
         """One turn: every running request a step, then the target passes they announced, batched."""
-        if self.batch is not None:  # (a request admitted now plans its second round in its first step)
-            self._crowd = self._batch_now()
         for run in runs:
             self._step(run)
         if self.batch is not None:
             self._batch(runs)
-            self._crowd = self._batch_now()
 
     def _admit(self) -> None:
         """Waiting requests, in arrival order, onto free slots (holding the lock): each to the free slot whose
@@ -257,7 +253,7 @@ class Engine:
             self._admitted += 1
             slot.last_used = self._admitted
             gen = slot.generator(ticket.stream.generator.drafter.name)
-            ticket.stream = gen.adopt(ticket.stream, pauses=True, crowd=self._crowd_now)  # (the checked request,
+            ticket.stream = gen.adopt(ticket.stream, pauses=True, crowd=self._batch_now)  # (the checked request,
             # on this slot's models)
             busy.add(id(slot))
             self._runs.insert(0, Run(ticket, slot))  # its first round (the prompt's prefill) opens the next turn
@@ -323,15 +319,13 @@ class Engine:
                 need.rows, need.shared = None, False
 
     def _batch_now(self):
-        """The batch the running requests' next passes ride (engine.batch.Crowd), or None: fewer than two run,
-        or no batched pass has been timed yet. Every round plans for it, the first of a request's too."""
-        running = min(len(self._runs), self.batch.slots)
+        """The batch the running requests' next passes ride (engine.batch.Crowd), or None: no batching, fewer
+        than two run, or no batched pass has been timed yet. Every round plans for it (Request.crowd), the
+        first of a request's too (admitted into a running batch, it plans its second round in its first step)."""
+        running = min(len(self._runs), self.batch.slots) if self.batch is not None else 0
         if running < 2 or not self.batch.costs.by_rows:
             return None
         return self.batch.costs.crowd(running, SpeculationConfig.max_draft_tokens + 1)
-
-    def _crowd_now(self):
-        return self._crowd
 
     def _done(self, run: Run, reason: str | None) -> None:
         ticket, stream, watch = run.ticket, run.ticket.stream, run.watch

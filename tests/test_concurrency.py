@@ -202,17 +202,17 @@ def test_rounds_plan_for_the_batch_they_ride_and_alone_once_it_thins(gen, monkey
 
 
 def test_a_failure_of_the_scheduler_itself_ends_the_running_requests_with_an_error(gen, monkeypatch):
-    """A failure outside any request's step (here the batch's plan) fails the requests running then — they
-    do not wait for ever — and the Engine serves the next ones."""
+    """A failure outside any request's step (here in running the announced passes) fails the requests running
+    then — they do not wait for ever — and the Engine serves the next ones."""
     async def scene():
         engine = engine_for(gen, 2)
         try:
-            real = Engine._batch_now
-            monkeypatch.setattr(Engine, "_batch_now", lambda self: (_ for _ in ()).throw(RuntimeError("boom")))
+            real = Engine._batch
+            monkeypatch.setattr(Engine, "_batch", lambda self, runs: (_ for _ in ()).throw(RuntimeError("boom")))
             first = Client(engine, [3, 9, 14, 2], 30)
             with pytest.raises(RuntimeError, match="boom"):
                 await first.finish()
-            monkeypatch.setattr(Engine, "_batch_now", real)
+            monkeypatch.setattr(Engine, "_batch", real)
             assert engine.running == 0
             return await Client(engine, [3, 9, 14, 2], 6).finish()
         finally:

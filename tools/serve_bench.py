@@ -10,9 +10,9 @@ Every server starts at once, each on a free 127.0.0.1 port (child processes; an 
 with --parallel 1, ortspec with --parallel N (and with --unbatched, --parallel N --no-batch), and with
 --llama-server, llama-server -np N. For each server in turn, a 16-token streamed request's time to first token
 alone and then while a 512-token answer runs (``--probe-repeat`` times, medians). Then ``--repeat`` rounds: in
-each, every client count on every server, the servers in a rotating order, the clients each sending ``--requests-each`` requests of a fixed mix
-(short and long, streamed and whole, greedy and sampled at T 0.7, top-p 0.8, top-k 20, repetition 1.05) one
-after another. Reported per server and count: aggregate completion tokens/s (the median of the rounds), its
+each, every client count on every server, the servers in a rotating order, the clients each sending
+``--requests-each`` requests of a fixed mix (short and long, streamed and whole, greedy and sampled at T 0.7,
+top-p 0.8, top-k 20, repetition 1.05) one after another. Reported per server and count: aggregate completion tokens/s (the median of the rounds), its
 ratio to the one-at-a-time server (the median of the rounds' ratios: each round's servers ran minutes apart at
 most, on the same machine's load), first-token and per-token latency percentiles over every round's requests,
 and the server's resident memory after the count's last round (its slots empty again).
@@ -225,8 +225,7 @@ def summarize(name: str, clients: int, runs: list[dict], base: list[dict], rss: 
             "total_p95_s": pct(totals, 0.95), "rss_mb": rss}
 
 
-def run(args) -> int:
-    counts = [int(c) for c in args.counts.split(",")]
+def run(args, counts: list[int]) -> int:
     servers = [("ortspec serve --parallel 1", ["--parallel", "1"]),
                (f"ortspec serve --parallel {args.parallel}", ["--parallel", str(args.parallel)])]
     if args.unbatched:
@@ -251,7 +250,8 @@ def run(args) -> int:
         for name, proc, url, model in started:
             timed_request(url, model, load_request(0, 1, 8, 8))  # warm: caches, buffers
             probes[name] = probe(url, model, args.probe_tokens, args.probe_repeat)
-            print(f"  {name}: a short request's first token {probes[name]}", file=sys.stderr)
+            print(f"  {name}: a short request's first token {probes[name]['alone_ttft_s']:.3f} s alone, "
+                  f"{probes[name]['beside_ttft_s']:.3f} s beside a long answer", file=sys.stderr)
         runs: dict = {}
         rss: dict = {}
         for rep in range(args.repeat):
@@ -274,8 +274,8 @@ def run(args) -> int:
     print()
     for name, p in probes.items():
         print(f"{name}: a 16-token request's first token {p['alone_ttft_s']:.2f} s alone, "
-              f"{p['beside_ttft_s']:.2f} s while a {args.probe_tokens}-token answer runs ({p['ratio']:.2f}x); ended before it: "
-              f"{p['short_ended_before_long']}")
+              f"{p['beside_ttft_s']:.2f} s while a {args.probe_tokens}-token answer runs ({p['ratio']:.2f}x); "
+              f"ended before it: {p['short_ended_before_long']}")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "ttft_beside_long": probes}, indent=2))
     return 0
@@ -311,7 +311,7 @@ def main() -> int:
     if not counts or min(counts) < 1 or min(args.repeat, args.parallel, args.requests_each, args.probe_tokens,
                                               args.probe_repeat) < 1:
         ap.error("--counts, --repeat, --parallel, --requests-each, --probe-tokens and --probe-repeat must be >= 1")
-    return run(args)
+    return run(args, counts)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ class Controller:
     reads_masses = False  # learns acceptance from sum_x min(p, q) when sampling
     rounds = 0            # rounds it has learned from
     draft_cost: float | None = None  # the draft step's cost as timed online (or the profile's)
-    crowd = None  # the batch the request's last target pass rode with (engine.batch.Crowd, set by the loop), or None
+    crowd = None  # the batch the request's passes ride with now (engine.batch.Crowd, set each round), or None
 
     def choose(self) -> int:
         """The number of tokens to draft this round (0: none)."""
@@ -151,7 +151,7 @@ class AutoController(Controller):
         self._d = self.draft_lm.run_time_s if self.draft_lm is not None else 0.0
 
     def choose(self) -> int:
-        crowd = self.crowd.pass_costs if self.crowd is not None else None
+        crowd = self._crowd_costs()
         if crowd and self.draft_cost is not None and \
                 best_gamma([1.0] * self.max_gamma, self.draft_cost, crowd, self.max_gamma)[0] == 0:
             # in this batch not even a draft accepted every time would pay: no draft, and no probe either (it
@@ -165,7 +165,7 @@ class AutoController(Controller):
             return 1
         if not self.target_costs or self.draft_cost is None:
             return 1 if len(self.target_costs) < 2 else min(len(self.target_costs) - 1, self.max_gamma)
-        costs = list(crowd) if crowd else self.costs()
+        costs = crowd or self.costs()
         gamma, speedup = best_gamma(self.alphas, self.draft_cost, costs, self.max_gamma)
         if gamma == 0:
             if self.evidence < self.EVIDENCE:
@@ -195,9 +195,11 @@ class AutoController(Controller):
         """C_t(k) for a drafter that sizes its proposals by cost: the request's part of a batched pass in a
         crowd; else ``costs()`` once at least two pass sizes have been timed online, the profile's before that
         (None without a profile)."""
-        if self.crowd is not None and self.crowd.pass_costs:
-            return list(self.crowd.pass_costs)
-        return self.costs() if len(self.timed_at) >= 2 else (list(self.profile_costs) or None)
+        return self._crowd_costs() or (self.costs() if len(self.timed_at) >= 2 else (list(self.profile_costs) or None))
+
+    def _crowd_costs(self) -> list[float] | None:
+        """The request's part of a batched pass by its size, in a batch (None alone)."""
+        return list(self.crowd.pass_costs) if self.crowd is not None and self.crowd.pass_costs else None
 
     def costs(self) -> list[float]:
         """C_t(k) as decisions read it. Timed sizes as timed. A size known only from the profile is read
@@ -277,9 +279,10 @@ class AutoController(Controller):
                shared: bool = False) -> None:
         """Learn from a round: its target pass time (not a ``shared`` one's: a batch's costs come with its crowd),
         and (unless the draft came from a ``side`` source the controller does not plan, such as the hybrid
-        drafter's lookups) the draft step and acceptance. The first round, and one where a model read a prompt (``prefill``), time no step. ``masses`` (sampling):
-        sum_x min(p, q) of each verified position, the probability that it is accepted: learned in place of
-        the accept/reject outcome, which has the same mean and far more noise."""
+        drafter's lookups) the draft step and acceptance. The first round, and one where a model read a prompt
+        (``prefill``), time no step. ``masses`` (sampling): sum_x min(p, q) of each verified position, the
+        probability that it is accepted: learned in place of the accept/reject outcome, which has the same mean
+        and far more noise."""
         t_time = self.target.run_time_s - self._t
         d_time = (self.draft_lm.run_time_s - self._d) if self.draft_lm is not None else 0.0
         self._mark()

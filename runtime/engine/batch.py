@@ -214,10 +214,14 @@ class PassCosts:
 
     def __init__(self):
         self.by_rows: dict[int, float] = {}  # total rows -> seconds, an exponential average of the passes seen
+        self._slope: float | None = None     # past the largest size timed (computed once per table)
+        self._crowds: dict = {}              # (requests, sizes) -> Crowd, for the table as it is
 
     def learn(self, rows: int, seconds: float) -> None:
         have = self.by_rows.get(rows)
         self.by_rows[rows] = seconds if have is None else have + self.DECAY * (seconds - have)
+        self._slope = None
+        self._crowds.clear()
 
     def estimate(self, rows: int) -> float:
         """A pass of ``rows`` rows: as timed; between timed sizes, on the line between the nearest two; below
@@ -230,9 +234,11 @@ class PassCosts:
             return table[rows]
         top = max(table)
         if rows > top:
-            sizes = sorted(table)
-            slope = max(0.0, float(np.polyfit(sizes, [table[r] for r in sizes], 1)[0])) if len(sizes) > 1 else 0.0
-            return table[top] + slope * (rows - top)
+            if self._slope is None:
+                sizes = sorted(table)
+                self._slope = max(0.0, float(np.polyfit(sizes, [table[r] for r in sizes], 1)[0])) \
+                    if len(sizes) > 1 else 0.0
+            return table[top] + self._slope * (rows - top)
         below = max((r for r in table if r < rows), default=None)
         above = min(r for r in table if r > rows)
         if below is None:
@@ -256,8 +262,12 @@ class PassCosts:
     def crowd(self, requests: int, sizes: int) -> "Crowd":
         """What a request of a batch of ``requests`` plans its rounds for: its part of the pass where every
         request of the batch brings k rows, for k = 1..``sizes`` (no size cheaper than a smaller one)."""
-        costs = [self.estimate(requests * k) / requests for k in range(1, sizes + 1)]
-        return Crowd(requests, tuple(np.maximum.accumulate(costs).tolist()))  # (noise: never cheaper with more)
+        key = (requests, sizes)
+        if key not in self._crowds:  # (asked every turn; the table changes once a batched pass)
+            costs = [self.estimate(requests * k) / requests for k in range(1, sizes + 1)]
+            self._crowds[key] = Crowd(requests, tuple(np.maximum.accumulate(costs).tolist()))  # (never cheaper
+            # with more rows: noise)
+        return self._crowds[key]
 
 
 @dataclass(frozen=True)

@@ -320,12 +320,12 @@ class SpeculativeGenerator:
                           constraint=constraint, logprobs=logprobs, prediction=self._prediction(prediction))
         return _Stream(self, request, wait_timeout)
 
-    def adopt(self, stream: "_Stream", pauses: bool = False, crowd=None) -> "_Stream":
+    def adopt(self, stream: "_Stream", pauses: bool = False, crowd=None, hurry=None) -> "_Stream":
         """A stream not started yet, made by another generator over the same bundle (a twin, a sibling), run on
-        this one's models instead: the same checked request (``pauses``, ``crowd``: see ``_Stream.on``)."""
+        this one's models instead: the same checked request (``pauses``, ``crowd``, ``hurry``: see ``_Stream.on``)."""
         if stream.generator.bundle is not self.bundle:
             raise ValueError("adopt() takes a stream of a generator over the same bundle")
-        return stream.on(self, pauses, crowd)
+        return stream.on(self, pauses, crowd, hurry)
 
     def _prediction(self, prediction) -> tuple[int, ...]:
         """A predicted output's token ids (text through the tokenizer, without special tokens), checked."""
@@ -461,12 +461,12 @@ class _Stream:
         if self._it is not None:
             self._it.close()
 
-    def on(self, gen: SpeculativeGenerator, pauses: bool = False, crowd=None) -> "_Stream":
+    def on(self, gen: SpeculativeGenerator, pauses: bool = False, crowd=None, hurry=None) -> "_Stream":
         """This stream, not started yet, on another generator's models (``adopt``); with ``pauses``, also None
-        after each chunk of a long prompt and between a round's drafts and target pass; ``crowd``: Request.crowd."""
+        after each chunk of a long prompt and between a round's drafts and pass (``crowd``, ``hurry``: Request's)."""
         if self._it is not None:
             raise RuntimeError("a stream moves to another generator only before its first event")
-        return _Stream(gen, replace(self._req, pauses=pauses, crowd=crowd), self._wait)
+        return _Stream(gen, replace(self._req, pauses=pauses, crowd=crowd, hurry=hurry), self._wait)
 
 
 def _run(gen: SpeculativeGenerator, req: Request, wait: float | None, box: list) -> Iterator[Event]:

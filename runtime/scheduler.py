@@ -253,8 +253,8 @@ class Engine:
             self._admitted += 1
             slot.last_used = self._admitted
             gen = slot.generator(ticket.stream.generator.drafter.name)
-            ticket.stream = gen.adopt(ticket.stream, pauses=True, crowd=self._batch_now)  # (the checked request,
-            # on this slot's models)
+            ticket.stream = gen.adopt(ticket.stream, pauses=True, crowd=self._batch_now,  # (the checked request,
+                                      hurry=self._admits_next)                       # on this slot's models)
             busy.add(id(slot))
             self._runs.insert(0, Run(ticket, slot))  # its first round (the prompt's prefill) opens the next turn
 
@@ -317,6 +317,11 @@ class Engine:
             log.exception("a batched target pass failed; the requests run their own passes")
             for need in needs:
                 need.rows, need.shared = None, False
+
+    def _admits_next(self) -> bool:
+        """Whether a request waits for a slot that is free (it starts in the next turn): the running requests'
+        draft models then stop drafting, so that its first token waits for no more than a pass under way."""
+        return bool(self._waiting) and len(self._runs) < self.parallel
 
     def _batch_now(self):
         """The batch the running requests' next passes ride (engine.batch.Crowd), or None: no batching, fewer

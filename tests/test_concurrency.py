@@ -426,3 +426,52 @@ def test_a_long_prompt_is_read_in_steps_while_a_short_request_runs(gen):
 
     long, short = asyncio.run(scene())
     assert long.ids == want_long and short.ids == want_short
+
+
+def test_a_request_waiting_for_a_free_slot_cuts_the_running_drafts_short(gen, monkeypatch):
+    """While a request waits to start on a free slot (Engine._admits_next), a running request's draft model
+    stops after its first step, so the newcomer's first token waits for little more than the pass under way;
+    drafts are whole again once it has started, and every answer keeps its alone ids. Admission is held back
+    here for a few rounds so that the window is there to observe; the control is the same request's rounds
+    before and after it."""
+    from ortspec.drafting.model import ModelDrafter
+    short_prompt, long_prompt = [5, 9, 13, 2], [7, 3, 3, 8, 1]
+    want_long, want_short = alone(gen, long_prompt, 120), alone(gen, short_prompt, 8)
+    seen: list[tuple[int, int, bool]] = []  # each draft model proposal: gamma, drafted, a request waiting
+    real_propose, real_admit = ModelDrafter.propose, Engine._admit
+    hold = {"on": False}
+
+    def propose(self, committed, gamma, *args, **kw):
+        draft = real_propose(self, committed, gamma, *args, **kw)
+        seen.append((gamma, len(draft.tokens), bool(self.stop is not None and self.stop())))
+        return draft
+
+    def admit(self):
+        if not (hold["on"] and self._waiting):
+            real_admit(self)
+
+    monkeypatch.setattr(ModelDrafter, "propose", propose)
+    monkeypatch.setattr(Engine, "_admit", admit)
+
+    async def scene():
+        engine = engine_for(gen, 2)
+        try:
+            long = Client(engine, long_prompt, 120, drafter="model", num_draft_tokens=4)
+            await long.until(("logprobs",), 5)
+            hold["on"] = True
+            short = Client(engine, short_prompt, 8)
+            await long.until(("logprobs",), 5)  # rounds of the long answer while the short one waits
+            assert short.ticket.queue.empty() and engine.health()["waiting"] == 1
+            hold["on"] = False
+            await short.finish()
+            await long.finish()
+            return long, short
+        finally:
+            engine.close()
+
+    long, short = asyncio.run(scene())
+    assert long.ids == want_long[:len(long.ids)] and len(long.ids) == 120 and short.ids == want_short
+    waiting = [drafted for gamma, drafted, w in seen if w and gamma == 4]
+    whole = [drafted for gamma, drafted, w in seen if not w and gamma == 4]
+    assert waiting and all(d == 1 for d in waiting)      # cut after the first step while one waited
+    assert whole and sum(d == 4 for d in whole) >= len(whole) - 2  # whole otherwise (bar the context's end)

@@ -62,6 +62,10 @@ class Drafter:
         """Tokens of this context the draft model has yet to read (its next proposal feeds them first)."""
         return 0
 
+    def set_stop(self, stop) -> None:
+        """``stop``: a callable a model drafter asks before each draft step after its first (a draft that ends
+        early where it says True: a scheduler with a request waiting for its first token), or None."""
+
     def set_costs(self, pass_costs: list[float] | None, draft_cost: float | None) -> None:
         """The target's pass costs C_t(1..) and the draft step's cost as the request's controller knows them
         now (for drafters that size proposals by cost)."""

@@ -55,6 +55,9 @@ class HybridDrafter(Drafter):
     def pass_costs(self, costs):
         self.ngram.pass_costs = costs
 
+    def set_stop(self, stop) -> None:
+        self.model.set_stop(stop)
+
     def set_costs(self, pass_costs, draft_cost) -> None:
         self.pass_costs, self.draft_cost = pass_costs, draft_cost
 

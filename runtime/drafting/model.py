@@ -24,6 +24,7 @@ class ModelDrafter(Drafter):
 
     name = "model"
     SINK = 4  # leading tokens every view keeps (models lean on the first positions; dropping them hurts)
+    stop = None  # asked before each step after the first: a draft ends early where it says True (set_stop)
 
     def __init__(self, lm: CausalLM, window: int | None = None, source: CausalLM | None = None):
         self.lm, self.window = lm, check_window(window)
@@ -32,6 +33,9 @@ class ModelDrafter(Drafter):
         self.source = source
         if source is not None:
             lm.share_cache(source)
+
+    def set_stop(self, stop) -> None:
+        self.stop = stop
 
     def view(self, committed: Sequence[int]) -> list[int]:
         """The tokens the draft model reads for this context."""
@@ -70,7 +74,9 @@ class ModelDrafter(Drafter):
         tokens: list[int] = []
         dists = []
         options = PassOptions.for_rules(pipeline)  # what the pipeline reads of each row
-        for _ in range(gamma):
+        for step in range(gamma):
+            if step and self.stop is not None and self.stop():
+                break
             logits = self.lm.forward_rows(feed, keep=1, options=options)
             if sampling:  # processors (repetition penalty) read the whole context, as the target's do
                 q = pipeline.row(logits[0], committed, tokens, inplace=True)

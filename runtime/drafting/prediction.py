@@ -67,6 +67,9 @@ class PredictionDrafter(PromptLookupDrafter):
         self.lm, self.source, self.window = fallback.lm, fallback.source, fallback.window
         self._next, self._seen = 0, 0  # the prediction position expected next when this many tokens were generated
 
+    def set_stop(self, stop) -> None:
+        self.fallback.set_stop(stop)
+
     def set_costs(self, pass_costs, draft_cost) -> None:
         self.pass_costs = pass_costs
         self.fallback.set_costs(pass_costs, draft_cost)

@@ -180,7 +180,7 @@ class DecodeLoop:
                 self.stats.forced += len(forced)
                 return
         if self.drafter.sizes_by_cost:  # the costs as timed online once two pass sizes are, the profile's before
-            self.drafter.set_costs(controller.live_costs(), controller.draft_cost)
+            self.drafter.set_costs(controller.live_costs(), controller.draft_cost, controller.crowd is not None)
         r.draft = self._draft(r)
         if not r.draft.tokens and self.req.speculation.bitwise and r.remaining > 1 and \
                 self.target.capacity > len(self.committed):

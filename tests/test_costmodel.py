@@ -652,10 +652,14 @@ def test_a_request_in_a_batch_plans_for_the_batch_not_for_its_own_pass():
     assert min(run(5, None)) >= 2             # alone again: drafts at once
 
 
-def test_the_hybrid_drafter_does_not_probe_a_model_that_cannot_pay():
+def test_the_hybrid_drafter_does_not_probe_a_model_that_cannot_pay_in_a_batch():
+    """In a batch a model that could not pay even if always accepted is not probed; alone it is, whatever its
+    step is thought to cost (a cost timed on a busy moment is re-timed only by the model's own rounds)."""
     from ortspec.drafting import HybridDrafter
     hybrid = HybridDrafter(SimpleNamespace(lm=None, source=None, window=None))
     hybrid.set_costs([1.0, 1.02, 1.04, 1.06, 1.08], 0.3)
     assert hybrid._may_pay(4)
-    hybrid.set_costs([0.27, 0.28, 0.29, 0.30, 0.31], 0.3)  # a request's part of a batched pass, a step alone
+    hybrid.set_costs([0.27, 0.28, 0.29, 0.30, 0.31], 0.3, crowded=True)  # a request's part of a batched pass
     assert not hybrid._may_pay(4)
+    hybrid.set_costs([1.0, 1.02, 1.04, 1.06, 1.08], 5.0)  # alone, the step thought 5 passes' worth
+    assert hybrid._may_pay(4)

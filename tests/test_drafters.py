@@ -140,6 +140,13 @@ def test_hybrid_drafts_nothing_where_neither_source_pays(small):
     drafts = [h.propose(committed, 4, pipe, False, rng) for _ in range(HybridDrafter.PROBE_EVERY)]
     assert [len(d.tokens) for d in drafts[:-1]] == [0] * (HybridDrafter.PROBE_EVERY - 1)
     assert len(drafts[-1].tokens) == 4 and h.model_rounds == 1 and h.idle_rounds == HybridDrafter.PROBE_EVERY - 1
+    # a draft step thought to cost more than any draft could win back: alone the model is probed all the same
+    # (its step is re-timed only in its own rounds); in a batch it is not (the control)
+    for crowded, probes in ((False, 1), (True, 0)):
+        h.set_costs([1.0, 1.0, 1.8, 2.6, 3.4], 50.0, crowded)
+        before = h.model_rounds
+        drafts = [h.propose(committed, 4, pipe, False, rng) for _ in range(HybridDrafter.PROBE_EVERY)]
+        assert h.model_rounds - before == probes and sum(len(d.tokens) for d in drafts) == 4 * probes
 
 
 def test_hybrid_still_looks_up_while_auto_pauses_the_model(small_bundle, tmp_path, monkeypatch):

@@ -66,9 +66,10 @@ class Drafter:
         """``stop``: a callable a model drafter asks before each draft step after its first (a draft that ends
         early where it says True: a scheduler with a request waiting for its first token), or None."""
 
-    def set_costs(self, pass_costs: list[float] | None, draft_cost: float | None) -> None:
+    def set_costs(self, pass_costs: list[float] | None, draft_cost: float | None, crowded: bool = False) -> None:
         """The target's pass costs C_t(1..) and the draft step's cost as the request's controller knows them
-        now (for drafters that size proposals by cost)."""
+        now (for drafters that size proposals by cost); ``crowded``: the pass costs are the request's part of
+        a batched pass (engine.batch.Crowd)."""
 
 
 class NoDrafter(Drafter):

@@ -31,6 +31,7 @@ class HybridDrafter(Drafter):
         self.model, self.ngram = model, lookup or PromptLookupDrafter()
         self.lm = model.lm
         self.draft_cost: float | None = None
+        self.crowded = False  # the pass costs are a batch's (set_costs)
         self.alpha_by_order = {1: 0.4, 2: 0.6, 3: 0.7}  # first-guess priors, learned per order
         self.alpha_model = 0.7
         self._last_kind = None  # what made the last proposal: "model", or the n-gram order of a lookup
@@ -58,8 +59,8 @@ class HybridDrafter(Drafter):
     def set_stop(self, stop) -> None:
         self.model.set_stop(stop)
 
-    def set_costs(self, pass_costs, draft_cost) -> None:
-        self.pass_costs, self.draft_cost = pass_costs, draft_cost
+    def set_costs(self, pass_costs, draft_cost, crowded=False) -> None:
+        self.pass_costs, self.draft_cost, self.crowded = pass_costs, draft_cost, crowded
 
     def sync(self, committed) -> None:
         self.model.sync(committed)
@@ -101,11 +102,13 @@ class HybridDrafter(Drafter):
         return draft
 
     def _may_pay(self, gamma: int) -> bool:
-        """Whether a model draft could pay at all at these costs: one accepted every time must (else a probe of
-        its acceptance measures nothing that could change the choice; as in a batch of requests, whose pass
-        costs each little more than a share of one, against a draft step that every request waits for)."""
+        """Whether a model draft could pay at all: in a batch of requests (``crowded``: pass costs each little
+        more than a share of one, against a draft step that every request waits for), one accepted every
+        time must, else a probe of its acceptance measures nothing that could change the choice. Alone it
+        always may: the draft step's cost is re-timed only in the model's own rounds, and one timed on a busy
+        moment (a profile measured while another program ran) would otherwise keep the model out for good."""
         step, costs = self.draft_cost, self.pass_costs
-        if step is None or not costs:
+        if not self.crowded or step is None or not costs:
             return True
         from ..control.costmodel import best_gamma
         return best_gamma([1.0] * gamma, step, costs, gamma)[0] > 0

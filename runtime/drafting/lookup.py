@@ -53,7 +53,7 @@ class PromptLookupDrafter(Drafter):
         self._outcomes = Outcomes()
         self._index = NgramIndex(min_ngram, max_ngram)
 
-    def set_costs(self, pass_costs, draft_cost) -> None:
+    def set_costs(self, pass_costs, draft_cost, crowded=False) -> None:
         self.pass_costs = pass_costs  # (a lookup's own cost is nothing: the draft step's is not read)
 
     def propose(self, committed, gamma, pipeline, sampling, rng, limit=None) -> Draft:

@@ -70,9 +70,9 @@ class PredictionDrafter(PromptLookupDrafter):
     def set_stop(self, stop) -> None:
         self.fallback.set_stop(stop)
 
-    def set_costs(self, pass_costs, draft_cost) -> None:
+    def set_costs(self, pass_costs, draft_cost, crowded=False) -> None:
         self.pass_costs = pass_costs
-        self.fallback.set_costs(pass_costs, draft_cost)
+        self.fallback.set_costs(pass_costs, draft_cost, crowded)
 
     def sync(self, committed) -> None:
         self.fallback.sync(committed)

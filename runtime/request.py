@@ -27,7 +27,7 @@ class Request:
     pauses: bool = False
     # a scheduler's: a callable giving the batch its target passes ride with now (engine.batch.Crowd), or None
     crowd: Callable[[], object] | None = None
-    # a scheduler's: a callable saying whether a request waits to start (a draft then ends early), or None
+    # a scheduler's: a callable saying whether a request waits to start (a greedy draft then ends early), or None
     hurry: Callable[[], bool] | None = None
     constraint: Constraint | None = None  # structured output: the mask every row is read through
     logprobs: int | None = None  # log-probabilities of the tokens chosen, with this many alternatives

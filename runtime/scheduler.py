@@ -319,8 +319,9 @@ class Engine:
                 need.rows, need.shared = None, False
 
     def _admits_next(self) -> bool:
-        """Whether a request waits for a slot that is free (it starts in the next turn): the running requests'
-        draft models then stop drafting, so that its first token waits for no more than a pass under way."""
+        """Whether a request waits for a slot that is free (it starts in the next turn): the running greedy
+        requests' draft models then stop drafting, so that its first token waits for little more than the pass
+        under way (a sampled request drafts whole: its seeded answer must not depend on the timing)."""
         return bool(self._waiting) and len(self._runs) < self.parallel
 
     def _batch_now(self):

@@ -428,22 +428,27 @@ def test_a_long_prompt_is_read_in_steps_while_a_short_request_runs(gen):
     assert long.ids == want_long and short.ids == want_short
 
 
-def test_a_request_waiting_for_a_free_slot_cuts_the_running_drafts_short(gen, monkeypatch):
-    """While a request waits to start on a free slot (Engine._admits_next), a running request's draft model
-    stops after its first step, so the newcomer's first token waits for little more than the pass under way;
-    drafts are whole again once it has started, and every answer keeps its alone ids. Admission is held back
-    here for a few rounds so that the window is there to observe; the control is the same request's rounds
-    before and after it."""
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_request_waiting_for_a_free_slot_cuts_the_running_drafts_short(gen, monkeypatch, sampled):
+    """While a request waits to start on a free slot (Engine._admits_next), a running greedy request's draft
+    model stops after its first step, so the newcomer's first token waits for little more than the pass under
+    way; drafts are whole again once it has started, and every answer keeps its alone ids. A sampled request
+    drafts whole throughout (the control): its seeded answer is its alone answer. Admission is held back here
+    for a few rounds so that the window is there to observe."""
     from ortspec.drafting.model import ModelDrafter
     short_prompt, long_prompt = [5, 9, 13, 2], [7, 3, 3, 8, 1]
-    want_long, want_short = alone(gen, long_prompt, 120), alone(gen, short_prompt, 8)
+    extra = dict(temperature=0.8, seed=7) if sampled else {}
+    want_long = gen.sibling("model").generate(input_ids=long_prompt, max_new_tokens=120, eos_token_id=[],
+                                              num_draft_tokens=4, do_sample=True, **extra).token_ids \
+        if sampled else alone(gen, long_prompt, 120)
+    want_short = alone(gen, short_prompt, 8)
     seen: list[tuple[int, int, bool]] = []  # each draft model proposal: gamma, drafted, a request waiting
     real_propose, real_admit = ModelDrafter.propose, Engine._admit
-    hold = {"on": False}
+    hold = {"on": False, "engine": None}
 
     def propose(self, committed, gamma, *args, **kw):
         draft = real_propose(self, committed, gamma, *args, **kw)
-        seen.append((gamma, len(draft.tokens), bool(self.stop is not None and self.stop())))
+        seen.append((gamma, len(draft.tokens), hold["engine"]._admits_next()))
         return draft
 
     def admit(self):
@@ -454,9 +459,9 @@ def test_a_request_waiting_for_a_free_slot_cuts_the_running_drafts_short(gen, mo
     monkeypatch.setattr(Engine, "_admit", admit)
 
     async def scene():
-        engine = engine_for(gen, 2)
+        engine = hold["engine"] = engine_for(gen, 2)
         try:
-            long = Client(engine, long_prompt, 120, drafter="model", num_draft_tokens=4)
+            long = Client(engine, long_prompt, 120, drafter="model", num_draft_tokens=4, **extra)
             await long.until(("logprobs",), 5)
             hold["on"] = True
             short = Client(engine, short_prompt, 8)
@@ -473,5 +478,9 @@ def test_a_request_waiting_for_a_free_slot_cuts_the_running_drafts_short(gen, mo
     assert long.ids == want_long[:len(long.ids)] and len(long.ids) == 120 and short.ids == want_short
     waiting = [drafted for gamma, drafted, w in seen if w and gamma == 4]
     whole = [drafted for gamma, drafted, w in seen if not w and gamma == 4]
-    assert waiting and all(d == 1 for d in waiting)      # cut after the first step while one waited
-    assert whole and sum(d == 4 for d in whole) >= len(whole) - 2  # whole otherwise (bar the context's end)
+    assert waiting and whole
+    if sampled:
+        assert sum(d == 4 for d in waiting + whole) >= len(waiting + whole) - 2  # whole throughout
+    else:
+        assert all(d == 1 for d in waiting)                   # cut after the first step while one waited
+        assert sum(d == 4 for d in whole) >= len(whole) - 2   # whole otherwise (bar the context's end)

@@ -77,6 +77,9 @@ class DecodeLoop:
             stats.draft_disabled, stats.draft_error = True, ctx.draft_error
         self.outcome = outcome  # the finish reason, once there is one
         self.sampling = req.sampling.do_sample
+        # a greedy request's drafts may end early for a waiting request (its ids are the target's whatever it
+        # drafts); a sampled one's are whole, so that a seeded answer does not depend on the timing
+        self.drafter.set_stop(None if self.sampling else req.hurry)
         self.pipe = LogitsPipeline(req.sampling, ctx.vocab_size, ctx.scratch)
         self.draft_pipe = draft_pipeline(req.sampling, ctx.vocab_size, ctx.scratch, ctx.draft_sampling) \
             if self.sampling else self.pipe
@@ -196,9 +199,6 @@ class DecodeLoop:
         if r.gamma < 1 and not (r.paused and self.drafter.drafts_when_paused and r.limit > 0):
             return Draft.empty()
         try:
-            # a greedy request's drafts may end early for a waiting request (its ids are the target's whatever
-            # it drafts); a sampled one's are whole, so that a seeded answer does not depend on the timing
-            self.drafter.set_stop(None if self.sampling else self.req.hurry)
             draft = self.drafter.propose(self.committed, r.gamma, self.draft_pipe, self.sampling, self.rng,
                                         limit=r.limit)
             if len(draft.tokens) > max(r.gamma, r.limit) or any(not 0 <= t < ctx.vocab_size for t in draft.tokens):
